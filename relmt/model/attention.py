@@ -1,0 +1,109 @@
+"""Multi-head attention, with Shaw et al.'s relative position terms when given a table set.
+
+The module takes keys and values already projected (`project_kv`), so the decoder can hand it
+cached ones during incremental decoding. Three routes, all exact:
+- no relative terms: fused `scaled_dot_product_attention` (absolute/none modes, cross-attention);
+- a^K only: q·a^K is an additive float mask, so the fused kernel still serves;
+- a^V on: the weights alpha are needed explicitly for sum_j alpha_ij a^V_ij, so attention is
+  written out (Shaw §3.3), still without any (n, n, d) tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from relmt.model.positions import RelativePositions
+
+
+def keep_mask(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
+              device: torch.device) -> Tensor | None:
+    """Combine a padding keep-mask (broadcastable to (B, 1, n, m), True = attend) with causality.
+
+    Query row i sits at position i + q_offset and may see keys j <= i + q_offset.
+    """
+    if not causal or (q_len == 1 and q_offset + 1 >= k_len):
+        return mask
+    i = torch.arange(q_offset, q_offset + q_len, device=device)
+    j = torch.arange(k_len, device=device)
+    tril = j[None, :] <= i[:, None]  # (n, m)
+    return tril if mask is None else mask & tril
+
+
+class MultiHeadAttention(nn.Module):
+    """Vaswani §3.2.2 multi-head attention; Shaw §3.1 relative terms when `rel` is given."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float,
+                 rel: RelativePositions | None = None) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)  # W^K and W^V in one matmul
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.rel = rel
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Xavier-uniform per d_model x d_model projection (fused W^K|W^V initialised as two).
+        for w in (self.q_proj.weight, *self.kv_proj.weight.chunk(2), self.out_proj.weight):
+            nn.init.xavier_uniform_(w)
+        for b in (self.q_proj.bias, self.kv_proj.bias, self.out_proj.bias):
+            nn.init.zeros_(b)
+
+    def _split(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, D)
+
+    def project_kv(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        """y: (B, m, d_model) -> keys and values, each (B, H, m, D)."""
+        k, v = self.kv_proj(y).chunk(2, dim=-1)
+        return self._split(k), self._split(v)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                causal: bool = False, q_offset: int = 0) -> Tensor:
+        """x: (B, n, d_model) queries; k, v: (B, H, m, D); mask: bool keep-mask broadcastable
+        to (B, 1, n, m). Query row i is position i + q_offset (for relative distances and
+        causality). Returns (B, n, d_model)."""
+        q = self._split(self.q_proj(x))  # (B, H, n, D)
+        n, m = q.shape[2], k.shape[2]
+        p = self.dropout if self.training else 0.0
+        rel = self.rel
+        if rel is None:
+            if causal and mask is None and q_offset == 0 and n == m:
+                z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=n > 1)
+            else:
+                keep = keep_mask(mask, causal, n, m, q_offset, q.device)
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+        else:
+            index = rel.index(n, m, q_offset, q.device)  # (n, m) labels clip(j - i, k) + k
+            keep = keep_mask(mask, causal, n, m, q_offset, q.device)
+            if rel.w_v is None:
+                # Shaw §3.3: e_ij = (q_i·k_j + q_i·a^K_ij) / sqrt(d_z); the second term is a bias.
+                bias = rel.key_logits(q, index) * (self.d_head ** -0.5)  # (B, H, n, m)
+                if keep is not None:
+                    bias = bias.masked_fill(~keep, float("-inf"))
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
+            else:
+                z = self._relative(q * (self.d_head ** -0.5), k, v, keep, index, p)
+        b = x.shape[0]
+        return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))
+
+    def _relative(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, index: Tensor,
+                  p: float) -> Tensor:
+        """Attention written out for a^V; q is already scaled by 1/sqrt(d_z). Returns (B, H, n, D)."""
+        rel = self.rel
+        # Shaw §3.1 eq. (4): e_ij = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z)
+        scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, n, m)
+        if rel.w_k is not None:
+            scores = scores + rel.key_logits(q, index)
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        attn = F.dropout(torch.softmax(scores, dim=-1), p=p, training=p > 0)  # alpha_ij
+        # Shaw §3.1 eq. (3): z_i = sum_j alpha_ij (x_j W^V + a^V_ij)
+        return torch.matmul(attn, v) + rel.value_term(attn, index)
+

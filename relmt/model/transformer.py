@@ -1,0 +1,212 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017) with Shaw et al. 2018 position options.
+
+`build_model(cfg, vocab_size, pad_id)` is the only place that reads a config; the layers take
+flat arguments. Relative tables go into encoder and decoder self-attention only, one set per
+layer; cross-attention stays plain (Shaw §3, as in tensor2tensor).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from relmt.config import ModelConfig, Norm
+from relmt.model.attention import MultiHeadAttention
+from relmt.model.cache import DecoderCache, LayerCache
+from relmt.model.positions import RelativePositions, sinusoidal_encoding
+
+
+class FeedForward(nn.Module):
+    """Vaswani §3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+        for lin in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+def residual(x: Tensor, y: Tensor, dropout: nn.Dropout, norm: nn.LayerNorm, pre_norm: bool) -> Tensor:
+    """x + dropout(y) (Vaswani §5.4), then LayerNorm for post-norm; pre-norm normalised the input."""
+    x = x + dropout(y)
+    return x if pre_norm else norm(x)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention (relative when `rel` is given) and FFN, each in a residual block."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float,
+                 activation_dropout: float, pre_norm: bool, rel: RelativePositions | None) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, rel)
+        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x: (B, S, d_model); mask: (B, 1, 1, S) keep-mask."""
+        h = self.norm1(x) if self.pre_norm else x
+        y = self.self_attn(h, *self.self_attn.project_kv(h), mask=mask)
+        x = residual(x, y, self.dropout, self.norm1, self.pre_norm)
+        h = self.norm2(x) if self.pre_norm else x
+        return residual(x, self.ffn(h), self.dropout, self.norm2, self.pre_norm)
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention (relative when `rel` is given), plain cross-attention, FFN."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float,
+                 activation_dropout: float, pre_norm: bool, rel: RelativePositions | None) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, rel)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, rel=None)
+        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
+                past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x: (B, n, d_model), the target positions after the `past` ones (keys/values of the
+        earlier positions, (B, H, t, D) each, or None for a full teacher-forced pass).
+        Returns the layer output and the self-attention keys/values of all t + n positions."""
+        offset = 0 if past is None else past[0].shape[2]
+        h = self.norm1(x) if self.pre_norm else x
+        k, v = self.self_attn.project_kv(h)  # (B, H, n, D)
+        if past is not None:
+            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+        y = self.self_attn(h, k, v, causal=True, q_offset=offset)
+        x = residual(x, y, self.dropout, self.norm1, self.pre_norm)
+        h = self.norm2(x) if self.pre_norm else x
+        y = self.cross_attn(h, cross_k, cross_v, mask=src_mask)
+        x = residual(x, y, self.dropout, self.norm2, self.pre_norm)
+        h = self.norm3(x) if self.pre_norm else x
+        x = residual(x, self.ffn(h), self.dropout, self.norm3, self.pre_norm)
+        return x, (k, v)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder with the output projection tied to the target embedding (Vaswani §3.4)."""
+
+    def __init__(self, src_embed: nn.Embedding, tgt_embed: nn.Embedding,
+                 encoder_layers: list[EncoderLayer], decoder_layers: list[DecoderLayer],
+                 dropout: float, absolute: bool, pre_norm: bool, pad_id: int) -> None:
+        super().__init__()
+        self.src_embed = src_embed
+        self.tgt_embed = tgt_embed
+        self.encoder_layers = nn.ModuleList(encoder_layers)
+        self.decoder_layers = nn.ModuleList(decoder_layers)
+        d_model = tgt_embed.embedding_dim
+        # Pre-norm stacks end in a LayerNorm; post-norm layers already normalise their output.
+        self.encoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.embed_dropout = nn.Dropout(dropout)
+        self.embed_scale = math.sqrt(d_model)
+        self.absolute = absolute
+        self.pad_id = pad_id
+
+    def _embed(self, embed: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
+        """tokens: (B, T) -> (B, T, d_model). The sqrt(d_model) scale and the dropout apply in
+        every position mode (OpenNMT-py once lost both when positions were off)."""
+        x = embed(tokens) * self.embed_scale
+        if self.absolute:  # Vaswani §3.5; positions offset..offset+T-1
+            pos = torch.arange(offset, offset + tokens.shape[1], device=tokens.device)
+            x = x + sinusoidal_encoding(pos, x.shape[-1]).to(x.dtype)
+        return self.embed_dropout(x)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src: (B, S) token ids, right-padded. Returns memory (B, S, d_model) and the source
+        keep-mask (B, S), True at real tokens."""
+        src_mask = src != self.pad_id
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        x = self._embed(self.src_embed, src)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        return self.encoder_norm(x), src_mask
+
+    def _logits(self, x: Tensor) -> Tensor:
+        return F.linear(self.decoder_norm(x), self.tgt_embed.weight)  # (B, T, V)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced pass. tgt_in: (B, T) = BOS + y, right-padded. Returns (B, T, V) logits."""
+        mask = src_mask[:, None, None, :]
+        x = self._embed(self.tgt_embed, tgt_in)
+        for layer in self.decoder_layers:
+            k, v = layer.cross_attn.project_kv(memory)
+            x, _ = layer(x, k, v, mask)
+        return self._logits(x)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
+
+    def init_cache(self, memory: Tensor) -> DecoderCache:
+        """An empty cache holding each layer's cross-attention keys/values of `memory`."""
+        layers = []
+        for layer in self.decoder_layers:
+            ck, cv = layer.cross_attn.project_kv(memory)  # (B, H, S, D)
+            empty = ck.new_zeros(ck.shape[0], ck.shape[1], 0, ck.shape[3])
+            layers.append(LayerCache(empty, empty, ck, cv))
+        return DecoderCache(tuple(layers))
+
+    def decode_step(self, tokens: Tensor, memory: Tensor, src_mask: Tensor,
+                    cache: DecoderCache | None = None, step: int = 0) -> tuple[Tensor, DecoderCache]:
+        """One incremental step. tokens: (B,) the token at target position `step`; cache holds
+        positions 0..step-1 (None at step 0). Returns (B, V) logits for position step+1 and the
+        cache extended by this position. The relative term uses the row of distances j - step."""
+        if cache is None:
+            cache = self.init_cache(memory)
+        if cache.length != step:
+            raise ValueError(f"decode_step(step={step}) got a cache holding {cache.length} positions")
+        mask = src_mask[:, None, None, :]
+        x = self._embed(self.tgt_embed, tokens[:, None], offset=step)  # (B, 1, d_model)
+        layers = []
+        for layer, lc in zip(self.decoder_layers, cache.layers):
+            x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, past=(lc.self_k, lc.self_v))
+            layers.append(LayerCache(k, v, lc.cross_k, lc.cross_v))
+        return self._logits(x)[:, 0], DecoderCache(tuple(layers))
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer:
+    """The one place where a `ModelConfig` becomes modules."""
+    d_head = cfg.d_model // cfg.n_heads
+
+    def rel() -> RelativePositions | None:
+        # One table set per layer (Shaw §3.2); none when positions are not relative or when both
+        # a^K and a^V are switched off (Table 3's last row equals no position information).
+        if not cfg.positions.relative or not (cfg.relative_keys or cfg.relative_values):
+            return None
+        return RelativePositions(cfg.n_heads, d_head, cfg.max_relative_position, cfg.relative_keys,
+                                 cfg.relative_values, cfg.relative_share_heads)
+
+    def embedding() -> nn.Embedding:
+        emb = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        nn.init.normal_(emb.weight, std=cfg.d_model ** -0.5)
+        with torch.no_grad():
+            emb.weight[pad_id].zero_()
+        return emb
+
+    pre_norm = cfg.norm == Norm.pre
+    layer_args = (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
+                  cfg.activation_dropout, pre_norm)
+    tgt_embed = embedding()
+    src_embed = tgt_embed if cfg.share_embeddings else embedding()
+    return Transformer(
+        src_embed, tgt_embed,
+        [EncoderLayer(*layer_args, rel()) for _ in range(cfg.encoder_layers)],
+        [DecoderLayer(*layer_args, rel()) for _ in range(cfg.decoder_layers)],
+        cfg.dropout, cfg.positions.absolute, pre_norm, pad_id,
+    )
