@@ -69,27 +69,30 @@ class MultiHeadAttention(nn.Module):
         """x: (B, n, d_model) queries; k, v: (B, H, m, D); mask: bool keep-mask broadcastable
         to (B, 1, n, m). Query row i is position i + q_offset (for relative distances and
         causality). Returns (B, n, d_model)."""
-        q = self._split(self.q_proj(x))  # (B, H, n, D)
+        # The 1/sqrt(d_z) of Shaw eq. (4) is folded into W^Q and b^Q: a (d, d) multiply instead of
+        # a scaled copy of q, and both terms of e_ij get it. The fused kernels then use scale=1.
+        s = self.d_head ** -0.5
+        q = self._split(F.linear(x, self.q_proj.weight * s, self.q_proj.bias * s))  # (B, H, n, D)
         n, m = q.shape[2], k.shape[2]
         p = self.dropout if self.training else 0.0
         rel = self.rel
         if rel is None:
             if causal and mask is None and q_offset == 0 and n == m:
-                z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=n > 1)
+                z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=n > 1, scale=1.0)
             else:
                 keep = keep_mask(mask, causal, n, m, q_offset, q.device)
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, scale=1.0)
         else:
             index = rel.index(n, m, q_offset, q.device)  # (n, m) labels clip(j - i, k) + k
             keep = keep_mask(mask, causal, n, m, q_offset, q.device)
             if rel.w_v is None:
                 # Shaw §3.3: e_ij = (q_i·k_j + q_i·a^K_ij) / sqrt(d_z); the second term is a bias.
-                bias = rel.key_logits(q, index) * (self.d_head ** -0.5)  # (B, H, n, m)
+                bias = rel.key_logits(q, index)  # (B, H, n, m)
                 if keep is not None:
                     bias = bias.masked_fill(~keep, float("-inf"))
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
             else:
-                z = self._relative(q * (self.d_head ** -0.5), k, v, keep, index, p)
+                z = self._relative(q, k, v, keep, index, p)
         b = x.shape[0]
         return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))
 

@@ -1,0 +1,146 @@
+"""Helpers shared by the benchmark scripts in scripts/: hardware facts, timing, peak memory,
+markdown tables and JSON output. Benchmarks are scripts that print and write; never timed tests."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware(device: torch.device | None = None) -> dict:
+    """What a reported figure was measured on."""
+    info = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if device is not None and device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, check=False).stdout.strip()
+        info["git"] = rev or "unknown"
+    except OSError:
+        info["git"] = "unknown"
+    return info
+
+
+def command_line() -> str:
+    return " ".join(["python", *sys.argv])
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, warmup: int = 2,
+                     repeats: int = 5, min_seconds: float = 0.0) -> dict[str, float]:
+    """Median wall time in seconds of each fn(), timed round-robin so that drift in the machine's
+    speed (other load, frequency) falls on every variant alike. `min_seconds` per variant."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync(device)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    while (min(len(t) for t in times.values()) < repeats
+           or time.perf_counter() - start < min_seconds * len(fns)):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+class PeakMemory(TorchDispatchMode):
+    """Peak bytes of tensor storage alive at once while the mode is active, on any device.
+
+    Every storage an op creates is counted when it appears and uncounted when it is freed (a
+    weakref finalizer), so this is exact for tensors allocated inside the block; memory alive
+    before the block is not counted. Used on CPU, where PyTorch keeps no allocator statistics.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: dict[int, int] = {}
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self.live -= nbytes
+        self._seen.pop(key, None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key not in self._seen:
+                    nbytes = storage.nbytes()
+                    self._seen[key] = nbytes
+                    self.live += nbytes
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self._free, key, nbytes)
+        return out
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak memory allocated by one call of fn()."""
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with PeakMemory() as tracker:
+        fn()
+    return tracker.peak
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """rows of dicts -> a markdown table; columns are (key, header) pairs; floats get 3 digits."""
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        return "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(h for _, h in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(fmt(r.get(k)) for k, _ in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, payload: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
