@@ -1,0 +1,28 @@
+"""The benchmark and report scripts run (tiny settings; their figures are not checked here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True,
+                          text=True, check=True, cwd=ROOT)
+
+
+def test_bench_attention_runs(tmp_path):
+    out, md = tmp_path / "a.json", tmp_path / "a.md"
+    run_script("bench_attention.py", "--lengths", "8", "16", "--tokens", "64", "--d-model", "32",
+               "--heads", "2", "--k", "2", "--repeats", "1", "--min-seconds", "0", "--out", str(out),
+               "--md", str(md))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["n"] for r in rows] == [8, 16]
+    for r in rows:
+        assert r["abs_ms"] > 0 and r["rel_ms"] > 0 and r["naive_ms"] > 0
+        assert r["rel_mb"] > 0 and r["naive_mb"] > 0
+    assert "| n | batch |" in md.read_text()
