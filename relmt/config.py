@@ -59,11 +59,84 @@ class ModelConfig:
                f"k must be >= 0, got {self.max_relative_position}")
 
 
+class Source(str, Enum):
+    toy = "toy"  # the synthetic corpus generated from a seed (relmt.data.toy); no download
+    text = "text"  # a folder of {split}.{lang} plain-text files
+    hf = "hf"  # datasets.load_dataset: a Hub id, a local save_to_disk folder, or parquet/json files
+
+
+class SpmModel(str, Enum):
+    bpe = "bpe"
+    unigram = "unigram"
+    word = "word"
+    char = "char"
+
+
+@dataclass
+class ToyConfig:
+    """Sizes of the synthetic corpus (relmt/data/toy.py); sentence lengths are in words."""
+
+    seed: int = 1
+    n_train: int = 20000
+    n_valid: int = 500
+    n_test: int = 500
+    n_test_long: int = 500
+    max_words: int = 16  # L: train/valid/test have 1..L words, test_long has L+1..2L
+
+
+@dataclass
+class DataConfig:
+    """One corpus and how it becomes token ids (presets in configs/data/)."""
+
+    name: str = "toy"  # a label for logs and the cache directory
+    source: Source = Source.toy
+    src: str = "src"  # language codes: file suffixes, column names or translation keys
+    tgt: str = "tgt"
+    # canonical split -> the source's split name; "train" and "valid" are required, every other
+    # key is a test set (e.g. test: newstest2014). Ignored for toy, which has fixed splits.
+    splits: dict[str, str] = field(default_factory=dict)
+    dir: str | None = None  # source=text: the folder holding {split}.{lang}
+    hf_path: str | None = None  # source=hf: Hub id or local path
+    hf_name: str | None = None  # source=hf: Hub config, e.g. "de-en"
+    hf_revision: str | None = None  # source=hf: pin a Hub revision for reproducibility
+    toy: ToyConfig = field(default_factory=ToyConfig)
+    # joint sentencepiece vocabulary, trained on the training split (both sides)
+    vocab_size: int = 8000
+    spm_model_type: SpmModel = SpmModel.bpe
+    spm_character_coverage: float = 1.0
+    spm_input_sentence_size: int = 2_000_000  # sentences sampled for spm training on big corpora
+    # training-pair filters (evaluation splits are never filtered)
+    max_tokens_per_side: int = 256
+    max_length_ratio: float = 3.0  # drop pairs whose longer side exceeds ratio x the shorter; 0 = off
+    cache_dir: str = "data/cache"
+    num_proc: int = 1  # processes for datasets.map
+
+    def __post_init__(self) -> None:
+        if self.source != Source.toy:
+            for split in ("train", "valid"):
+                _check(split in self.splits, "data.splits",
+                       f"must map '{split}' to a split of the source, got {dict(self.splits)}")
+        _check(self.source != Source.text or bool(self.dir), "data.dir", "is required for source=text")
+        _check(self.source != Source.hf or bool(self.hf_path), "data.hf_path", "is required for source=hf")
+        _check(self.src != self.tgt, "data.tgt", f"must differ from data.src ({self.src})")
+        _check(self.vocab_size >= 8, "data.vocab_size", f"must be >= 8, got {self.vocab_size}")
+        _check(self.max_tokens_per_side >= 1, "data.max_tokens_per_side", "must be >= 1")
+        _check(self.max_length_ratio == 0 or self.max_length_ratio >= 1, "data.max_length_ratio",
+               f"must be 0 (off) or >= 1, got {self.max_length_ratio}")
+        _check(self.num_proc >= 1, "data.num_proc", "must be >= 1")
+        _check(0 < self.spm_character_coverage <= 1, "data.spm_character_coverage", "must be in (0, 1]")
+        t = self.toy
+        _check(t.max_words >= 2, "data.toy.max_words", "must be >= 2")
+        for name in ("n_train", "n_valid", "n_test", "n_test_long"):
+            _check(getattr(t, name) >= 0, f"data.toy.{name}", "must be >= 0")
+
+
 @dataclass
 class Config:
     """The root of a composed run configuration."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     seed: int = 1
 
 

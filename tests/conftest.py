@@ -1,7 +1,13 @@
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# Tests never use the network: Hugging Face libraries read these when first imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture

@@ -1,0 +1,127 @@
+"""Token-budget batches with length bucketing, deterministic per (seed, epoch), shardable, resumable.
+
+A batch's cost is its padded size, B x (max source length + max target length + 1), the +1
+being the BOS/EOS framing of the target; no batch costs more than `max_tokens` (Shaw et al. §4.1:
+about 4096 tokens per GPU). Examples are sorted by length (ties broken by a seeded shuffle) and
+packed greedily, which keeps padding low; then the batch order is shuffled. All ranks of a DDP run
+compute the same batch list and take disjoint, equally many batches of it. A position in training
+is (epoch, batch index), so a run can resume mid-epoch at exactly the batch it stopped before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from relmt.data.dataset import SplitIds
+from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Padded tensors of one batch: src (B, S) ending in EOS, tgt_in = BOS + y and tgt_out = y + EOS
+    (B, T), and the examples' indices in their split (B,)."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    ids: Tensor
+
+    @property
+    def n_src_tokens(self) -> int:
+        return int((self.src != PAD_ID).sum())
+
+    @property
+    def n_tgt_tokens(self) -> int:
+        return int((self.tgt_out != PAD_ID).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        nb = device.type == "cuda"
+        tensors = (self.src, self.tgt_in, self.tgt_out, self.ids)
+        return Batch(*(t.to(device, non_blocking=nb) for t in tensors))
+
+
+def collate(data: SplitIds, index: np.ndarray) -> Batch:
+    """The examples `index` of a split as one right-padded batch."""
+    src_lens, tgt_lens = data.src_lens[index], data.tgt_lens[index]
+    b = len(index)
+    src = np.full((b, src_lens.max()), PAD_ID, dtype=np.int64)
+    tgt_in = np.full((b, tgt_lens.max() + 1), PAD_ID, dtype=np.int64)
+    tgt_out = np.full_like(tgt_in, PAD_ID)
+    for row, i in enumerate(index):
+        s0, t0 = data.src_offsets[i], data.tgt_offsets[i]
+        src[row, : src_lens[row]] = data.src[s0 : s0 + src_lens[row]]
+        y = data.tgt[t0 : t0 + tgt_lens[row]]
+        tgt_in[row, 0] = BOS_ID
+        tgt_in[row, 1 : tgt_lens[row] + 1] = y
+        tgt_out[row, : tgt_lens[row]] = y
+        tgt_out[row, tgt_lens[row]] = EOS_ID
+    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
+                 torch.from_numpy(np.asarray(index, dtype=np.int64)))
+
+
+def pack(src_lens: np.ndarray, tgt_lens: np.ndarray, order: np.ndarray, max_tokens: int,
+         max_sentences: int = 0) -> list[np.ndarray]:
+    """Greedily cut `order` into consecutive batches whose padded cost stays within max_tokens."""
+    batches, start, max_s, max_t = [], 0, 0, 0
+    for pos, i in enumerate(order):
+        s, t = max(max_s, src_lens[i]), max(max_t, tgt_lens[i] + 1)
+        size = pos - start + 1
+        if pos > start and (size * (s + t) > max_tokens or (max_sentences and size > max_sentences)):
+            batches.append(order[start:pos])
+            start, s, t = pos, src_lens[i], tgt_lens[i] + 1
+        max_s, max_t = s, t
+    if len(order) > start:
+        batches.append(order[start:])
+    return batches
+
+
+class BatchSampler:
+    """Which examples form each batch, for every epoch, on one rank of `world_size`."""
+
+    def __init__(self, data: SplitIds, max_tokens: int, seed: int = 1, shuffle: bool = True,
+                 rank: int = 0, world_size: int = 1, max_sentences: int = 0) -> None:
+        self.src_lens, self.tgt_lens = data.src_lens, data.tgt_lens
+        self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
+        self.rank, self.world_size, self.max_sentences = rank, world_size, max_sentences
+        cost = self.src_lens + self.tgt_lens + 1
+        self.fits = np.flatnonzero(cost <= max_tokens)
+        if len(self.fits) < len(cost):
+            log.warning("%d of %d pairs exceed max_tokens=%d on their own and are left out of batching",
+                        len(cost) - len(self.fits), len(cost), max_tokens)
+
+    def epoch(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches of `epoch`, in order; a pure function of (seed, epoch, rank)."""
+        rng = np.random.default_rng([self.seed, epoch])
+        idx = rng.permutation(self.fits) if self.shuffle else self.fits
+        # sort by length; the shuffle above breaks ties differently each epoch (lexsort is stable)
+        order = idx[np.lexsort((self.tgt_lens[idx], self.src_lens[idx]))]
+        batches = pack(self.src_lens, self.tgt_lens, order, self.max_tokens, self.max_sentences)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        per_rank = len(batches) // self.world_size
+        if self.world_size > 1 and epoch == 0 and self.rank == 0 and len(batches) % self.world_size:
+            log.info("DDP: %d of %d batches per epoch are left out so that every rank gets %d "
+                     "(different ones each epoch)", len(batches) % self.world_size, len(batches), per_rank)
+        return batches[self.rank : per_rank * self.world_size : self.world_size]
+
+    def padding_fraction(self, epoch: int = 0) -> float:
+        """Share of the padded batch tensors (source + target) that is padding."""
+        slots = real = 0
+        for b in self.epoch(epoch):
+            slots += len(b) * (self.src_lens[b].max() + self.tgt_lens[b].max() + 1)
+            real += int(self.src_lens[b].sum() + self.tgt_lens[b].sum()) + len(b)
+        return 1.0 - real / max(slots, 1)
+
+
+def iterate(data: SplitIds, sampler: BatchSampler, epoch: int, start: int = 0) -> Iterator[Batch]:
+    """The batches of `epoch` from batch index `start` on (resume mid-epoch at `start`)."""
+    for index in sampler.epoch(epoch)[start:]:
+        yield collate(data, index)

@@ -1,0 +1,118 @@
+"""Raw sentence pairs from any supported corpus, as a `datasets.DatasetDict` of `src`/`tgt` strings.
+
+Three sources yield the same shape (`DataConfig.source`):
+- toy: the synthetic language pair of relmt.data.toy, generated from a seed;
+- text: a folder of `{split}.{lang}` files, line i of one aligned with line i of the other;
+- hf: `datasets.load_dataset` on a Hub id (WMT14, Multi30k, ...), or a local copy of the same
+  shape: a `save_to_disk` folder or a folder of parquet/json files. Rows are either
+  `{"translation": {lang: text}}` (WMT) or one column per language (Multi30k).
+Bad input (a missing file, unequal line counts, invalid UTF-8, an unknown split or language)
+raises `UserError` naming the file, line or key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+
+from relmt.config import DataConfig, Source
+from relmt.errors import UserError
+
+
+def load_pairs(cfg: DataConfig) -> datasets.DatasetDict:
+    """{canonical split: Dataset with columns src, tgt}; toy splits are train/valid/test/test_long."""
+    if cfg.source == Source.toy:
+        return _toy(cfg)
+    if cfg.source == Source.text:
+        return _text(cfg)
+    return _hf(cfg)
+
+
+def _toy(cfg: DataConfig) -> datasets.DatasetDict:
+    from relmt.data import toy
+
+    t = cfg.toy
+    splits = toy.generate(seed=t.seed, n_train=t.n_train, n_valid=t.n_valid, n_test=t.n_test,
+                          n_test_long=t.n_test_long, max_words=t.max_words)
+    return datasets.DatasetDict({
+        name: datasets.Dataset.from_dict({"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]})
+        for name, pairs in splits.items()
+    })
+
+
+def read_lines(path: Path) -> list[str]:
+    """All lines of a UTF-8 text file, without line endings. Splits on '\\n' only: splitlines()
+    would also split on U+2028 and friends and silently misalign a parallel corpus."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UserError(f"{path}:{line}: invalid UTF-8 (byte {column} of the line: {e.reason})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start a new one
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _text(cfg: DataConfig) -> datasets.DatasetDict:
+    folder = Path(cfg.dir)
+    if not folder.is_dir():
+        raise UserError(f"data.dir={cfg.dir}: no such directory")
+    out = {}
+    for name, split in cfg.splits.items():
+        paths = [folder / f"{split}.{lang}" for lang in (cfg.src, cfg.tgt)]
+        for key, lang, path in (("data.src", cfg.src, paths[0]), ("data.tgt", cfg.tgt, paths[1])):
+            if not path.is_file():
+                present = sorted(p.name for p in folder.iterdir() if p.is_file())
+                raise UserError(f"{path}: no such file (split '{split}' from data.splits.{name}, "
+                                f"language '{lang}' from {key}); {folder} holds {present}")
+        src, tgt = read_lines(paths[0]), read_lines(paths[1])
+        if len(src) != len(tgt):
+            raise UserError(f"{paths[0]} has {len(src)} lines but {paths[1]} has {len(tgt)}: "
+                            "the two sides of a split must be line-aligned")
+        out[name] = datasets.Dataset.from_dict({"src": src, "tgt": tgt})
+    return datasets.DatasetDict(out)
+
+
+def _load_hf(cfg: DataConfig) -> datasets.DatasetDict:
+    path = Path(cfg.hf_path)
+    try:
+        if (path / "dataset_dict.json").is_file():  # a DatasetDict.save_to_disk folder
+            return datasets.load_from_disk(str(path))
+        loaded = datasets.load_dataset(cfg.hf_path, cfg.hf_name, revision=cfg.hf_revision,
+                                       cache_dir=str(Path(cfg.cache_dir) / "hf"))
+    except (ConnectionError, FileNotFoundError, ValueError) as e:
+        where = f"{cfg.hf_path}" + (f" (config {cfg.hf_name})" if cfg.hf_name else "")
+        raise UserError(
+            f"data.hf_path: could not load {where}: {type(e).__name__}: {e}. Without access to the "
+            "Hugging Face Hub, point data.hf_path at a local copy: a save_to_disk folder or a folder "
+            "of parquet/json files with the same columns.") from None
+    if isinstance(loaded, datasets.Dataset):
+        return datasets.DatasetDict({"train": loaded})
+    return loaded
+
+
+def _hf(cfg: DataConfig) -> datasets.DatasetDict:
+    loaded = _load_hf(cfg)
+    out = {}
+    for name, split in cfg.splits.items():
+        if split not in loaded:
+            raise UserError(f"data.splits.{name}={split}: {cfg.hf_path} has splits {sorted(loaded)}")
+        ds = loaded[split]
+        if "translation" in ds.column_names:  # WMT rows: {"translation": {"de": ..., "en": ...}}
+            ds = ds.flatten()
+            columns = {f"translation.{cfg.src}": "src", f"translation.{cfg.tgt}": "tgt"}
+            languages = sorted(c.split(".", 1)[1] for c in ds.column_names if c.startswith("translation."))
+        else:  # one column per language (Multi30k: en, de)
+            columns = {cfg.src: "src", cfg.tgt: "tgt"}
+            languages = sorted(ds.column_names)
+        for key, lang in (("data.src", cfg.src), ("data.tgt", cfg.tgt)):
+            if lang not in languages:
+                raise UserError(f"{key}={lang}: split '{split}' of {cfg.hf_path} has languages {languages}")
+        out[name] = ds.select_columns(list(columns)).rename_columns(columns)
+    return datasets.DatasetDict(out)

@@ -1,0 +1,70 @@
+"""The joint sentencepiece vocabulary, and the special ids, which live here and nowhere else.
+
+One model is trained on both sides of the training split (Shaw et al. §4.1: 32,768 shared
+word-pieces for WMT). Source sequences end in EOS; target sequences are framed at batching time as
+BOS + y (decoder input) and y + EOS (decoder output).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from relmt.errors import UserError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model_type: str,
+                    character_coverage: float = 1.0, input_sentence_size: int = 2_000_000,
+                    seed: int = 1, num_threads: int = 2) -> None:
+    """Train a sentencepiece model on `sentences` and write it to `path` atomically.
+
+    `vocab_size` is an upper bound (hard_vocab_limit=False): a small corpus such as the toy one has
+    fewer word types than a typical setting. Above `input_sentence_size` sentences, spm samples.
+    """
+    spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+        model_type=model_type, character_coverage=character_coverage,
+        input_sentence_size=input_sentence_size, shuffle_input_sentence=True, hard_vocab_limit=False,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, num_threads=num_threads,
+        minloglevel=2,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(model.getvalue())
+    os.replace(tmp, path)
+
+
+class Tokenizer:
+    """A trained sentencepiece model: text <-> ids, batched."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise UserError(f"{self.path}: sentencepiece model not found")
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise UserError(f"{self.path}: special ids (pad, unk, bos, eos) are {ids}, relmt expects "
+                            f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.sp.encode(texts, out_type=int)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode(ids)
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()

@@ -1,0 +1,235 @@
+"""Data sources, bad input, vocabulary and the encoded cache (no network, no ../shared)."""
+
+from __future__ import annotations
+
+import logging
+
+import datasets
+import pytest
+
+from relmt.config import DataConfig, Source, SpmModel
+from relmt.data.dataset import cache_key, prepare
+from relmt.data.sources import load_pairs, read_lines
+from relmt.data.tokenizer import EOS_ID
+from relmt.errors import UserError
+
+EN = ["the cat sits", "a dog runs fast", "the bird sings", "two cats sleep", "one dog barks",
+      "the sun is warm", "a tree grows", "the river flows"]
+DE = ["die katze sitzt", "ein hund rennt schnell", "der vogel singt", "zwei katzen schlafen",
+      "ein hund bellt", "die sonne ist warm", "ein baum wächst", "der fluss fließt"]
+SPLITS = {"train": "train", "valid": "valid", "test": "test"}
+
+
+def write_text(folder, split, en, de):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{split}.en").write_text("".join(s + "\n" for s in en), encoding="utf-8")
+    (folder / f"{split}.de").write_text("".join(s + "\n" for s in de), encoding="utf-8")
+
+
+def text_cfg(tmp_path, **kw) -> DataConfig:
+    args = dict(name="fixture", source=Source.text, dir=str(tmp_path / "corpus"), src="en", tgt="de",
+                splits=dict(SPLITS), vocab_size=60, spm_model_type=SpmModel.word,
+                cache_dir=str(tmp_path / "cache"))
+    return DataConfig(**{**args, **kw})
+
+
+@pytest.fixture
+def corpus_dir(tmp_path):
+    d = tmp_path / "corpus"
+    write_text(d, "train", EN * 3, DE * 3)
+    write_text(d, "valid", EN[:3], DE[:3])
+    write_text(d, "test", EN[3:6], DE[3:6])
+    return d
+
+
+def test_text_source_reads_aligned_splits(tmp_path, corpus_dir):
+    pairs = load_pairs(text_cfg(tmp_path))
+    assert set(pairs) == {"train", "valid", "test"}
+    assert pairs["valid"]["src"] == EN[:3] and pairs["valid"]["tgt"] == DE[:3]
+    reverse = load_pairs(text_cfg(tmp_path, src="de", tgt="en"))
+    assert reverse["test"]["src"] == DE[3:6]
+
+
+def test_read_lines_splits_on_newline_only(tmp_path):
+    f = tmp_path / "x.en"
+    f.write_bytes("a\u2028b\r\nc\n".encode())  # U+2028 is inside a line, CRLF ends one
+    assert read_lines(f) == ["a\u2028b", "c"]
+
+
+def test_missing_file_names_it(tmp_path, corpus_dir):
+    (corpus_dir / "test.de").unlink()
+    with pytest.raises(UserError, match=r"test\.de: no such file.*data\.tgt"):
+        load_pairs(text_cfg(tmp_path))
+
+
+def test_unknown_language_and_split_name_the_key(tmp_path, corpus_dir):
+    with pytest.raises(UserError, match=r"train\.fr: no such file.*language 'fr' from data\.src"):
+        load_pairs(text_cfg(tmp_path, src="fr"))
+    with pytest.raises(UserError, match=r"split 'dev' from data\.splits\.valid"):
+        load_pairs(text_cfg(tmp_path, splits={**SPLITS, "valid": "dev"}))
+
+
+def test_unequal_line_counts(tmp_path, corpus_dir):
+    write_text(corpus_dir, "valid", EN[:3], DE[:2])
+    with pytest.raises(UserError, match=r"valid\.en has 3 lines but .*valid\.de has 2"):
+        load_pairs(text_cfg(tmp_path))
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path, corpus_dir):
+    (corpus_dir / "test.de").write_bytes(b"gut\nauch gut\nkaputt \xff\xfe hier\n")
+    with pytest.raises(UserError, match=r"test\.de:3: invalid UTF-8"):
+        load_pairs(text_cfg(tmp_path))
+
+
+def test_empty_lines_are_dropped_from_train_with_a_logged_count(tmp_path, corpus_dir, caplog):
+    write_text(corpus_dir, "train", EN * 3 + ["", "lonely"], DE * 3 + ["leer", ""])
+    write_text(corpus_dir, "test", EN[3:6] + [""], DE[3:6] + [""])
+    with caplog.at_level(logging.WARNING):
+        corpus = prepare(text_cfg(tmp_path))
+    assert len(corpus.splits["train"]) == 24
+    assert corpus.meta["splits"]["train"]["dropped"] == {"an empty side": 2}
+    assert "train: dropped 2 of 26 pairs (an empty side)" in caplog.text
+    # evaluation splits keep every line so that references stay aligned, and say so
+    assert len(corpus.splits["test"]) == 4
+    assert "test: 1 pairs with an empty side kept" in caplog.text
+
+
+def test_length_and_ratio_filters_count_what_they_drop(tmp_path, corpus_dir):
+    long = " ".join(["the"] * 12)
+    write_text(corpus_dir, "train", EN * 3 + [long, "the cat"], DE * 3 + ["ein hund", long])
+    corpus = prepare(text_cfg(tmp_path, max_tokens_per_side=10, max_length_ratio=2.0))
+    assert corpus.meta["splits"]["train"]["dropped"] == {"longer than max_tokens_per_side": 2}
+    corpus = prepare(text_cfg(tmp_path, max_tokens_per_side=64, max_length_ratio=2.0))
+    assert corpus.meta["splits"]["train"]["dropped"] == {"length ratio": 2}
+
+
+def test_prepare_encodes_caches_and_reuses(tmp_path, corpus_dir, caplog):
+    cfg = text_cfg(tmp_path)
+    corpus = prepare(cfg)
+    ids = corpus.ids("valid")
+    assert len(ids) == 3
+    first_src = ids.src[ids.src_offsets[0]:ids.src_offsets[1]].tolist()
+    assert first_src[-1] == EOS_ID
+    assert corpus.tokenizer.decode([first_src[:-1]]) == [EN[0]]
+    tgt = ids.tgt[ids.tgt_offsets[2]:ids.tgt_offsets[3]].tolist()
+    assert corpus.tokenizer.decode([tgt]) == [DE[2]]
+    assert corpus.texts("valid", "tgt") == DE[:3]
+    with caplog.at_level(logging.INFO):
+        again = prepare(cfg)
+    assert again.dir == corpus.dir and "loaded cached data" in caplog.text
+    # other settings or edited files give another cache entry
+    assert cache_key(text_cfg(tmp_path, vocab_size=50)) != cache_key(cfg)
+    write_text(corpus_dir, "test", EN[3:7], DE[3:7])
+    assert prepare(text_cfg(tmp_path)).dir != corpus.dir
+
+
+# --- Hugging Face sources, offline: local data of the same shape as the Hub datasets ---------
+
+WMT_README = """---
+configs:
+- config_name: de-en
+  data_files:
+  - split: train
+    path: de-en/train-*
+  - split: validation
+    path: de-en/validation-*
+  - split: test
+    path: de-en/test-*
+---
+"""
+
+
+def wmt_rows(en, de):
+    return [{"translation": {"de": d, "en": e}} for e, d in zip(en, de)]
+
+
+@pytest.fixture
+def wmt_local(tmp_path):
+    """A local copy of the wmt/wmt14 repo layout: parquet files per config, README with configs."""
+    root = tmp_path / "wmt14"
+    (root / "de-en").mkdir(parents=True)
+    (root / "README.md").write_text(WMT_README)
+    for split, (en, de) in {"train": (EN * 3, DE * 3), "validation": (EN[:3], DE[:3]),
+                            "test": (EN[3:6], DE[3:6])}.items():
+        shard = root / "de-en" / f"{split}-00000-of-00001.parquet"
+        datasets.Dataset.from_list(wmt_rows(en, de)).to_parquet(str(shard))
+    return root
+
+
+def hf_cfg(tmp_path, path, **kw) -> DataConfig:
+    args = dict(name="wmt", source=Source.hf, hf_path=str(path), hf_name="de-en", src="en", tgt="de",
+                splits={"train": "train", "valid": "validation", "test": "test"}, vocab_size=60,
+                spm_model_type=SpmModel.word, cache_dir=str(tmp_path / "cache"))
+    return DataConfig(**{**args, **kw})
+
+
+def test_wmt_translation_rows_through_load_dataset(tmp_path, wmt_local):
+    pairs = load_pairs(hf_cfg(tmp_path, wmt_local))
+    assert pairs["valid"]["src"] == EN[:3] and pairs["valid"]["tgt"] == DE[:3]
+    de_en = load_pairs(hf_cfg(tmp_path, wmt_local, src="de", tgt="en"))
+    assert de_en["test"]["src"] == DE[3:6] and de_en["test"]["tgt"] == EN[3:6]
+    corpus = prepare(hf_cfg(tmp_path, wmt_local))
+    assert len(corpus.splits["train"]) == 24
+
+
+def test_save_to_disk_and_column_per_language(tmp_path):
+    """Multi30k's shape (columns en, de) from a DatasetDict.save_to_disk folder."""
+    path = tmp_path / "multi30k"
+    datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"en": EN * 3, "de": DE * 3}),
+        "validation": datasets.Dataset.from_dict({"en": EN[:3], "de": DE[:3]}),
+    }).save_to_disk(str(path))
+    splits = {"train": "train", "valid": "validation"}
+    pairs = load_pairs(hf_cfg(tmp_path, path, hf_name=None, splits=splits))
+    assert pairs["valid"]["tgt"] == DE[:3]
+    with pytest.raises(UserError, match=r"data\.tgt=fr: .* has languages \['de', 'en'\]"):
+        load_pairs(hf_cfg(tmp_path, path, hf_name=None, tgt="fr", splits=splits))
+
+
+def test_hf_unknown_split_and_language(tmp_path, wmt_local):
+    with pytest.raises(UserError, match=r"data\.splits\.valid=dev: .* has splits"):
+        load_pairs(hf_cfg(tmp_path, wmt_local, splits={"train": "train", "valid": "dev"}))
+    with pytest.raises(UserError, match=r"data\.src=cs: .* has languages \['de', 'en'\]"):
+        load_pairs(hf_cfg(tmp_path, wmt_local, src="cs"))
+
+
+def test_hub_unreachable_gives_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match=r"could not load wmt/wmt14 \(config de-en\).*local copy"):
+        load_pairs(hf_cfg(tmp_path, "wmt/wmt14"))
+
+
+def test_config_requires_train_and_valid_splits():
+    with pytest.raises(ValueError, match=r"data\.splits: must map 'valid'"):
+        DataConfig(source=Source.text, dir="x", splits={"train": "train"})
+    with pytest.raises(ValueError, match=r"data\.dir"):
+        DataConfig(source=Source.text, splits=dict(SPLITS))
+
+
+# --- relmt-prepare -------------------------------------------------------------------------------
+
+def test_prepare_cli_summary_on_toy(tmp_path, capsys):
+    from relmt.cli import _prepare, guarded
+
+    argv = [f"data.cache_dir={tmp_path}", "data.toy.n_train=300", "data.toy.n_valid=20",
+            "data.toy.n_test=20", "data.toy.n_test_long=20"]
+    assert guarded("relmt-prepare", _prepare, argv) == 0
+    out = capsys.readouterr().out
+    for split in ("train", "valid", "test", "test_long"):
+        assert f"| {split} |" in out
+    assert "vocabulary:" in out and "built in" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["data=text", "data.dir=/no/such/dir"], "data.dir=/no/such/dir: no such directory"),
+    (["data.vocab_size=2"], "data.vocab_size: must be >= 8"),
+    (["data.source=web"], "Invalid value 'web'"),
+    (["data.nonsense=1"], "Could not override 'data.nonsense'"),
+    (["data=text"], "data.dir"),  # mandatory value left at ???
+])
+def test_prepare_cli_bad_input_is_one_clear_message(argv, message, capsys):
+    from relmt.cli import _prepare, guarded
+
+    assert guarded("relmt-prepare", _prepare, argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("relmt-prepare: error:") and message in err
+    assert "Traceback" not in err
