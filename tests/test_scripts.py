@@ -26,3 +26,21 @@ def test_bench_attention_runs(tmp_path):
         assert r["abs_ms"] > 0 and r["rel_ms"] > 0 and r["naive_ms"] > 0
         assert r["rel_mb"] > 0 and r["naive_mb"] > 0
     assert "| n | batch |" in md.read_text()
+
+
+def test_bench_prepare_runs(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = "alpha beta gamma delta epsilon zeta eta theta".split()
+    for split, n in (("train", 40), ("valid", 5), ("test", 5)):
+        for lang, shift in (("en", 0), ("de", 3)):
+            lines = [" ".join(words[(i + shift + j) % 8] for j in range(1 + i % 5)) for i in range(n)]
+            (corpus / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
+    out, md = tmp_path / "d.json", tmp_path / "d.md"
+    run_script("bench_prepare.py", "--dir", str(corpus), "--vocab-size", "30", "--num-proc", "1",
+               "--spm-corpus", str(corpus), "--out", str(out), "--md", str(md))
+    payload = json.loads(out.read_text())
+    (row,) = payload["rows"]
+    assert row["pairs"] == 50 and row["scratch_s"] > 0 and row["cached_s"] > 0
+    assert payload["spm_32k"]["sentences"] == 80
+    assert "cached rerun" in md.read_text()
