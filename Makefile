@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-fast lint
+.PHONY: train test test-fast lint
 
 # torch is pinned and installed first: a CPU wheel of 2.13.0 lies on these machines, while a bare
 # `torch` requirement would pull a multi-GB CUDA build. pyproject.toml keeps torch>=2.3.
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
+
+# The main job: relative positions, the small model, the embedded toy corpus (configs/config.yaml).
+train: $(STAMP)
+	$(VENV)/bin/relmt-train
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -11,12 +11,16 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from relmt.errors import UserError
 
 USAGE = {
     "relmt-prepare": "relmt-prepare [data=<name>] [data.key=value ...]\n"
                      "Build the sentencepiece vocabulary and the encoded data cache, and print a summary.",
+    "relmt-average": "relmt-average output=AVG.pt (dir=RUN/checkpoints [last=N] | checkpoints=[a.pt,b.pt,...])\n"
+                     "Average the weights of the last N step checkpoints in dir (all of them if N=0), or\n"
+                     "of the listed checkpoints, into one checkpoint.",
 }
 
 
@@ -68,5 +72,93 @@ def _prepare(argv: list[str]) -> None:
 
 def prepare() -> None:
     """Console script `relmt-prepare`."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(guarded("relmt-prepare", _prepare))
+
+
+def parse_args(schema: type, argv: list[str]):
+    """key=value arguments validated against a dataclass schema (unknown keys and bad types fail)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv)))
+
+
+@dataclass
+class AverageArgs:
+    output: str = "???"
+    dir: str = ""
+    last: int = 0
+    checkpoints: list[str] = field(default_factory=list)
+
+
+def _average(argv: list[str]) -> None:
+    from pathlib import Path
+
+    from relmt.train import checkpoint
+
+    args = parse_args(AverageArgs, argv)
+    if bool(args.dir) == bool(args.checkpoints):
+        raise UserError("give either dir=RUN/checkpoints (with last=N) or checkpoints=[a.pt,b.pt,...]")
+    if args.dir:
+        paths = checkpoint.step_files(Path(args.dir))
+        paths = paths[-args.last:] if args.last else paths
+        if not paths:
+            raise UserError(f"dir={args.dir}: no step_N.pt checkpoints there")
+        if args.last and len(paths) < args.last:
+            raise UserError(f"last={args.last}: {args.dir} holds only {len(paths)} step checkpoints")
+    else:
+        paths = [Path(p) for p in args.checkpoints]
+    averaged = checkpoint.average(paths)
+    out = Path(args.output)
+    checkpoint.save(averaged, out.parent, [out.name])
+    print(f"averaged {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) into {out}")
+
+
+def average() -> None:
+    """Console script `relmt-average`."""
+    sys.exit(guarded("relmt-average", _average))
+
+
+def _train_job(dcfg) -> float | None:
+    """The Hydra task: typed config in, metrics out. Returns the best validation figure, so that
+    Hydra sweepers can optimise it."""
+    import datasets
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from relmt.config import to_config
+    from relmt.train.loop import train as train_loop
+
+    datasets.disable_progress_bars()
+    try:
+        cfg = to_config(dcfg)
+        if not cfg.out_dir:
+            cfg.out_dir = HydraConfig.get().runtime.output_dir
+        if int(os.environ.get("RANK", "0")) == 0:  # the resolved, validated config of this run
+            OmegaConf.save(OmegaConf.structured(cfg), os.path.join(cfg.out_dir, "config.yaml"))
+        metrics = train_loop(cfg)
+    except (UserError, ValueError) as e:
+        logging.getLogger("relmt").error("%s", format_error(e))
+        print(f"relmt-train: error: {format_error(e)}", file=sys.stderr)
+        sys.exit(2)
+    if metrics["status"] == "completed" and int(os.environ.get("RANK", "0")) == 0:
+        print(f"run directory: {metrics['run_dir']}")
+        for split, result in metrics.get("test", {}).items():
+            print(f"{split}: BLEU {result['bleu']:.2f} ({result['sentences']} sentences; {result['signature']})")
+    return metrics["best"]["value"]
+
+
+def train() -> None:
+    """Console script `relmt-train` (Hydra: `relmt-train model=base data=... train.max_steps=...`,
+    sweeps with `-m`)."""
+    import hydra
+
+    from relmt.config import config_dir, register_configs
+
+    register_configs()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: one run directory for all ranks
+        if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+            sys.argv.append(f"hydra.run.dir=runs/ddp-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+        if int(os.environ.get("RANK", "0")) > 0:
+            sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    app = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(_train_job)
+    app()

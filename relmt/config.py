@@ -9,9 +9,10 @@ Hydra at module level: `register_configs` does, and only the CLI calls it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from relmt.model.positions import PosKind
 
@@ -131,13 +132,100 @@ class DataConfig:
             _check(getattr(t, name) >= 0, f"data.toy.{name}", "must be >= 0")
 
 
+class LrSchedule(str, Enum):
+    noam = "noam"  # Vaswani §5.3: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    inverse_sqrt = "inverse_sqrt"  # linear warm-up to the peak lr, then peak * sqrt(warmup / step)
+
+
+class Precision(str, Enum):
+    auto = "auto"  # bf16 autocast on CUDA, fp32 on CPU
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"  # with a GradScaler
+
+
+class BestMetric(str, Enum):
+    bleu = "bleu"  # highest validation BLEU
+    loss = "loss"  # lowest validation loss
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, checkpoints and logging (presets in configs/train/)."""
+
+    max_tokens: int = 4096  # per rank and micro-batch: padded source + target tokens
+    max_sentences: int = 0  # cap on sentences per micro-batch; 0 = none
+    update_freq: int = 1  # micro-batches accumulated per update
+    max_steps: int = 0  # stop after this many updates; 0 = no limit
+    max_epochs: int = 0  # stop after this many epochs; 0 = no limit
+    lr_schedule: LrSchedule = LrSchedule.noam
+    lr: float = 2.0  # noam: the scale; inverse_sqrt: the peak learning rate
+    warmup_steps: int = 4000
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # gradient-norm clipping; 0 = off (tensor2tensor's default)
+    precision: Precision = Precision.auto
+    compile: bool = False  # torch.compile the model for training
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_threads: int = 0  # torch CPU threads; 0 = torch's default
+    eval_every: int = 1000  # validate every N updates (and at the end)
+    valid_bleu: bool = True  # decode the validation set for BLEU (else loss only)
+    best_metric: BestMetric = BestMetric.bleu
+    save_every: int = 1000  # write checkpoints/step_N.pt and last.pt every N updates
+    keep_last: int = 5  # step_N.pt files kept
+    log_every: int = 100
+    progress: bool = True  # a tqdm bar on a terminal
+    resume: bool = False  # continue from checkpoints/last.pt of the run directory
+    max_bad_steps: int = 5  # consecutive NaN/inf losses tolerated (each update skipped)
+    test_checkpoint: str = "best"  # weights scored on the test splits at the end: best | last
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "update_freq", "eval_every", "save_every", "log_every", "warmup_steps",
+                     "max_bad_steps"):
+            _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "max_epochs", "max_sentences", "keep_last", "num_threads"):
+            _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _check(self.max_steps > 0 or self.max_epochs > 0, "train.max_steps",
+               "set train.max_steps or train.max_epochs (both are 0, so training would never stop)")
+        _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        _check(0 <= self.label_smoothing < 1, "train.label_smoothing", "must be in [0, 1)")
+        _check(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas), "train.adam_betas",
+               f"must be two numbers in [0, 1), got {list(self.adam_betas)}")
+        _check(self.test_checkpoint in ("best", "last"), "train.test_checkpoint", "must be best or last")
+
+
+@dataclass
+class DecodeConfig:
+    """Decoding for validation BLEU and translation (presets in configs/decode/)."""
+
+    beam: int = 4  # 1 = greedy
+    lenpen: float = 0.6  # GNMT length penalty alpha: scores are divided by ((5 + |y|) / 6)^alpha
+    max_len_a: float = 1.0  # a hypothesis has at most a * source length + b tokens (t2t: +50)
+    max_len_b: int = 50
+    max_tokens: int = 8000  # source tokens per decoding batch
+    nbest: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.beam >= 1, "decode.beam", f"must be >= 1, got {self.beam}")
+        _check(self.lenpen >= 0, "decode.lenpen", f"must be >= 0, got {self.lenpen}")
+        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "decode.max_len_b", "max_len_a/b must be >= 0")
+        _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b", "max_len_a and b are both 0")
+        _check(self.max_tokens >= 1, "decode.max_tokens", "must be >= 1")
+        _check(1 <= self.nbest <= self.beam, "decode.nbest", f"must be in [1, beam={self.beam}]")
+
+
 @dataclass
 class Config:
     """The root of a composed run configuration."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     seed: int = 1
+    out_dir: str = ""  # the run directory; the CLI sets it to Hydra's output dir
 
 
 def config_dir() -> Path:
@@ -159,6 +247,27 @@ def to_config(cfg) -> Config:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_object(cfg)
+
+
+def to_dict(cfg: Any) -> dict:
+    """A config dataclass as plain JSON-able values (enums become their strings)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, Enum):
+            return v.value
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(asdict(cfg))
+
+
+def from_dict(values: dict) -> Config:
+    """Rebuild a validated `Config` from `to_dict` output (e.g. the one stored in a checkpoint)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), values))
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "config") -> Config:

@@ -25,10 +25,9 @@ def naive_attention(mha: MultiHeadAttention, x: torch.Tensor, y: torch.Tensor, k
     H, D = mha.n_heads, mha.d_head
     rel = mha.rel
     W_k, W_v = mha.kv_proj.weight.chunk(2)
-    b_k, b_v = mha.kv_proj.bias.chunk(2)
     q = (x @ mha.q_proj.weight.T + mha.q_proj.bias).view(B, n, H, D)
-    k = (y @ W_k.T + b_k).view(B, m, H, D)
-    v = (y @ W_v.T + b_v).view(B, m, H, D)
+    k = (y @ W_k.T).view(B, m, H, D)
+    v = (y @ W_v.T + mha.v_bias).view(B, m, H, D)
     z = torch.zeros(B, n, H, D)
     for i in range(n):
         e = torch.full((B, H, m), float("-inf"))

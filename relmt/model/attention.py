@@ -43,7 +43,10 @@ class MultiHeadAttention(nn.Module):
         self.d_head = d_model // n_heads
         self.dropout = dropout
         self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)  # W^K and W^V in one matmul
+        # W^K and W^V in one matmul. No key bias: q·b^K is the same for every key j, so the softmax
+        # cancels it; its gradient is zero up to rounding, which Adam would turn into noisy updates.
+        self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=False)
+        self.v_bias = nn.Parameter(torch.zeros(d_model))
         self.out_proj = nn.Linear(d_model, d_model)
         self.rel = rel
         self.reset_parameters()
@@ -52,7 +55,7 @@ class MultiHeadAttention(nn.Module):
         # Xavier-uniform per d_model x d_model projection (fused W^K|W^V initialised as two).
         for w in (self.q_proj.weight, *self.kv_proj.weight.chunk(2), self.out_proj.weight):
             nn.init.xavier_uniform_(w)
-        for b in (self.q_proj.bias, self.kv_proj.bias, self.out_proj.bias):
+        for b in (self.q_proj.bias, self.v_bias, self.out_proj.bias):
             nn.init.zeros_(b)
 
     def _split(self, x: Tensor) -> Tensor:
@@ -62,7 +65,7 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, y: Tensor) -> tuple[Tensor, Tensor]:
         """y: (B, m, d_model) -> keys and values, each (B, H, m, D)."""
         k, v = self.kv_proj(y).chunk(2, dim=-1)
-        return self._split(k), self._split(v)
+        return self._split(k), self._split(v + self.v_bias)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, q_offset: int = 0) -> Tensor:

@@ -1,0 +1,294 @@
+"""The training loop: one plain function, read top to bottom (no Trainer class, no callbacks).
+
+Each update takes `update_freq` micro-batches, backpropagates their summed label-smoothed loss and
+divides the gradients by the number of target tokens in the whole update (all ranks), then steps
+Adam at the scheduled learning rate. Every `eval_every` updates it validates, every `save_every` it
+checkpoints; at the end it scores the test splits with the best weights and writes metrics.json.
+Resuming restores model, optimizer, scaler, RNG and the data position, so it continues exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import signal
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from relmt.config import BestMetric, Config, Precision, to_dict
+from relmt.data.batching import BatchSampler, collate
+from relmt.data.dataset import prepare
+from relmt.data.tokenizer import PAD_ID
+from relmt.errors import UserError
+from relmt.evaluate.scoring import split_loss, translate_split
+from relmt.model.transformer import build_model
+from relmt.train import checkpoint, distributed
+from relmt.train.loss import label_smoothed_nll
+from relmt.train.optim import build_optimizer, learning_rate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Counters that, with the weights, optimizer and RNG, make a resumed run continue exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # the next micro-batch of `epoch`
+    best_value: float | None = None
+    best_step: int = 0
+    bad_in_row: int = 0
+    bad_total: int = 0
+    train_seconds: float = 0.0
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+
+
+def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    if precision == Precision.auto:
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
+
+
+@contextmanager
+def stop_signals():
+    """SIGTERM / SIGINT set a flag; the loop finishes its update, saves last.pt and returns."""
+    received: dict[str, str] = {}
+
+    def handler(signum, frame):
+        received["signal"] = signal.Signals(signum).name
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def improved(value: float, best: float | None, metric: BestMetric) -> bool:
+    return best is None or (value > best if metric == BestMetric.bleu else value < best)
+
+
+def train(cfg: Config) -> dict:
+    """Train as configured; returns (and writes to out_dir/metrics.json) the run's figures."""
+    t_start = time.perf_counter()
+    tcfg, out = cfg.train, Path(cfg.out_dir)
+    ckpt_dir = out / "checkpoints"
+    dist = distributed.setup(tcfg.device)
+    if not dist.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # only rank 0 logs and saves
+    if tcfg.num_threads:
+        torch.set_num_threads(tcfg.num_threads)
+    torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
+
+    # Data: rank 0 builds the cache if needed, then every other rank loads it.
+    corpus = prepare(cfg.data) if dist.is_main else None
+    distributed.barrier(dist)
+    corpus = corpus or prepare(cfg.data)
+    tokenizer, train_ids = corpus.tokenizer, corpus.ids("train")
+    sampler = BatchSampler(train_ids, tcfg.max_tokens, cfg.seed, True, dist.rank, dist.world_size,
+                           tcfg.max_sentences)
+    if not sampler.epoch(0):
+        raise UserError(f"data '{cfg.data.name}': no training batches (is the train split empty?)")
+    log.info("train: %d pairs, %d batches per epoch per rank, padding %.1f%%; effective batch = "
+             "%d ranks x %d tokens x update_freq %d", len(train_ids), len(sampler.epoch(0)),
+             100 * sampler.padding_fraction(), dist.world_size, tcfg.max_tokens, tcfg.update_freq)
+
+    model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID).to(dist.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %s positions, %.2fM parameters", cfg.model.positions.value, n_params / 1e6)
+    optimizer = build_optimizer(model, tcfg)
+    amp = autocast_dtype(tcfg.precision, dist.device)
+    scaler = torch.amp.GradScaler(dist.device.type, enabled=amp == torch.float16)
+    state = TrainState()
+    spm = {"path": str(tokenizer.path), "sha256": tokenizer.sha256(), "model": tokenizer.path.read_bytes()}
+
+    last = ckpt_dir / "last.pt"
+    if tcfg.resume:
+        ck = checkpoint.load(last)
+        if ck["config"]["model"] != to_dict(cfg.model):
+            raise UserError(f"{last}: its model config differs from this run's: {ck['config']['model']}")
+        if ck["spm"]["sha256"] != spm["sha256"]:
+            raise UserError(f"{last}: trained with another vocabulary ({ck['spm']['path']})")
+        checkpoint.load_model_state(model, ck["model"], last)
+        optimizer.load_state_dict(ck["optim"])
+        scaler.load_state_dict(ck["scaler"])
+        state = TrainState(**ck["state"])
+        checkpoint.set_rng_state(ck["rng"][dist.rank % len(ck["rng"])])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", last, state.step, state.epoch,
+                 state.batch)
+    elif last.is_file():
+        raise UserError(f"{out} already holds a run ({last}): pass train.resume=true to continue it, "
+                        "or choose another hydra.run.dir")
+
+    ddp = DistributedDataParallel(model) if dist.world_size > 1 else None
+    net = torch.compile(ddp or model) if tcfg.compile else (ddp or model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    writer = SummaryWriter(str(out / "tb")) if dist.is_main else None
+    history = (out / "metrics.jsonl").open("a") if dist.is_main else None
+    bar = tqdm(total=tcfg.max_steps or None, initial=state.step, unit="step", dynamic_ncols=True,
+               disable=not (dist.is_main and tcfg.progress and sys.stderr.isatty()))
+
+    def record(tag: str, values: dict) -> None:
+        if dist.is_main:
+            for k, v in values.items():
+                if isinstance(v, (int, float)):
+                    writer.add_scalar(f"{tag}/{k}", v, state.step)
+            history.write(json.dumps({"step": state.step, "tag": tag, **values}) + "\n")
+            history.flush()
+
+    def save(names: list[str]) -> None:
+        rngs = distributed.gather(checkpoint.rng_state(), dist)
+        if dist.is_main:
+            payload = {"format": checkpoint.CHECKPOINT_FORMAT, "model": model.state_dict(),
+                       "optim": optimizer.state_dict(), "scaler": scaler.state_dict(), "step": state.step,
+                       "position": {"epoch": state.epoch, "batch": state.batch}, "rng": rngs,
+                       "state": asdict(state), "config": to_dict(cfg), "spm": spm}
+            checkpoint.save(payload, ckpt_dir, names)
+            checkpoint.prune(ckpt_dir, tcfg.keep_last)
+
+    def update(group: list, lr: float) -> tuple[float, float, float, float, float]:
+        """Forward and backward over the micro-batches of one update, then one optimizer step.
+        Returns (smoothed loss, nll, target tokens, source tokens) summed over ranks, and |grad|."""
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        sums = [0.0, 0.0, 0, 0]
+        for j, index in enumerate(group):
+            batch = collate(train_ids, index).to(dist.device)
+            with ddp.no_sync() if ddp is not None and j < len(group) - 1 else nullcontext():
+                with torch.autocast(dist.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                    logits = net(batch.src, batch.tgt_in)
+                loss, nll = label_smoothed_nll(logits, batch.tgt_out, tcfg.label_smoothing)
+                scaler.scale(loss).backward()
+            sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.n_tgt_tokens,
+                    sums[3] + batch.n_src_tokens]
+        loss_sum, nll_sum, n_tgt, n_src = distributed.all_reduce_sum(sums, dist)
+        grad_norm = math.nan
+        if math.isfinite(loss_sum):
+            # DDP averaged the gradients over ranks; make them d(sum of losses) / (target tokens).
+            scaler.unscale_(optimizer)
+            torch._foreach_mul_([p.grad for p in params if p.grad is not None], dist.world_size / n_tgt)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.clip_norm or math.inf).item()
+            scaler.step(optimizer)
+            scaler.update()
+            state.bad_in_row = 0
+        else:
+            state.bad_in_row, state.bad_total = state.bad_in_row + 1, state.bad_total + 1
+            log.warning("step %d: loss is %s; update skipped (%d in a row)", state.step + 1, loss_sum,
+                        state.bad_in_row)
+            if state.bad_in_row >= tcfg.max_bad_steps:
+                raise UserError(
+                    f"the loss was NaN/inf for {state.bad_in_row} updates in a row (step {state.step + 1}, lr "
+                    f"{lr:.3g}, precision {tcfg.precision.value}): lower train.lr, set train.clip_norm, or "
+                    f"use train.precision=fp32; the last checkpoint is {last}")
+        optimizer.zero_grad(set_to_none=True)
+        return loss_sum, nll_sum, n_tgt, n_src, grad_norm
+
+    def log_window(w: dict, lr: float) -> None:
+        stats = {"loss": w["loss"] / w["tgt"], "nll": w["nll"] / w["tgt"],
+                 "ppl": math.exp(min(w["nll"] / w["tgt"], 50)), "lr": lr,
+                 "grad_norm": w["grad_norm"] / w["updates"], "tokens_per_s": w["tgt"] / w["seconds"],
+                 "src_tgt_tokens_per_s": (w["src"] + w["tgt"]) / w["seconds"], "epoch": state.epoch}
+        record("train", stats)
+        log.info("step %d | loss %.3f | ppl %.2f | lr %.3g | |g| %.3g | %.0f tgt tok/s", state.step,
+                 stats["loss"], stats["ppl"], lr, stats["grad_norm"], stats["tokens_per_s"])
+        bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{stats['tokens_per_s']:.0f}")
+
+    def validate() -> dict:
+        """Validation loss (and BLEU) on rank 0, shared with every rank."""
+        valid = {}
+        if dist.is_main:
+            valid = split_loss(model, corpus, "valid", tcfg.max_tokens, tcfg.label_smoothing, dist.device, amp)
+            if tcfg.valid_bleu:
+                valid.update(translate_split(model, corpus, "valid", cfg.decode, dist.device, amp))
+            record("valid", valid)
+            log.info("step %d | valid loss %.3f | ppl %.2f%s", state.step, valid["loss"], valid["ppl"],
+                     f" | BLEU {valid['bleu']:.2f}" if "bleu" in valid else "")
+        return distributed.gather(valid, dist)[0]
+
+    def done() -> bool:
+        return bool((tcfg.max_steps and state.step >= tcfg.max_steps)
+                    or (tcfg.max_epochs and state.epoch >= tcfg.max_epochs))
+
+    valid: dict = {}
+    interrupted = False
+    window = dict.fromkeys(("loss", "nll", "tgt", "src", "seconds", "grad_norm", "updates"), 0.0)
+    batches = sampler.epoch(state.epoch)
+    with stop_signals() as received:
+        while not done() and not interrupted:
+            t0 = time.perf_counter()
+            lr = learning_rate(tcfg, cfg.model.d_model, state.step + 1)
+            group = batches[state.batch: state.batch + tcfg.update_freq]
+            loss_sum, nll_sum, n_tgt, n_src, grad_norm = update(group, lr)
+            state.step += 1
+            state.batch += len(group)
+            if state.batch >= len(batches):
+                state.epoch, state.batch = state.epoch + 1, 0
+                batches = sampler.epoch(state.epoch)
+            seconds = time.perf_counter() - t0
+            state.train_seconds += seconds
+            state.src_tokens, state.tgt_tokens = state.src_tokens + int(n_src), state.tgt_tokens + int(n_tgt)
+            for k, v in zip(window, (loss_sum, nll_sum, n_tgt, n_src, seconds, grad_norm, 1)):
+                window[k] += v
+            bar.update(1)
+            if state.step % tcfg.log_every == 0:
+                log_window(window, lr)
+                window = dict.fromkeys(window, 0.0)
+
+            interrupted = distributed.any_rank("signal" in received, dist)
+            names = [f"step_{state.step}.pt", "last.pt"] if state.step % tcfg.save_every == 0 else []
+            if state.step % tcfg.eval_every == 0 or done():
+                valid = validate()
+                use_bleu = tcfg.best_metric == BestMetric.bleu and "bleu" in valid
+                if improved(valid["bleu"] if use_bleu else valid["loss"], state.best_value, tcfg.best_metric):
+                    state.best_value, state.best_step = valid["bleu"] if use_bleu else valid["loss"], state.step
+                    names.append("best.pt")
+            if (done() or interrupted) and "last.pt" not in names:
+                names.append("last.pt")
+            if names:
+                save(names)
+    bar.close()
+
+    metrics = {"status": "completed" if done() else "interrupted", "run_dir": str(out), "steps": state.step,
+               "epochs": state.epoch, "params": n_params, "wall_seconds": time.perf_counter() - t_start,
+               "train_seconds": state.train_seconds,
+               "tokens_per_s": state.tgt_tokens / max(state.train_seconds, 1e-9),
+               "src_tgt_tokens_per_s": (state.src_tokens + state.tgt_tokens) / max(state.train_seconds, 1e-9),
+               "skipped_updates": state.bad_total, "final_valid": valid,
+               "best": {"metric": tcfg.best_metric.value, "value": state.best_value, "step": state.best_step}}
+    if dist.world_size > 1:  # DDP must leave every rank with the same weights; check it once
+        digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+        metrics["ddp_params_in_sync"] = len(set(distributed.gather(digest.hexdigest(), dist))) == 1
+    if interrupted:
+        log.warning("stopped by %s after step %d; %s holds the state. Resume with the same command plus "
+                    "train.resume=true hydra.run.dir=%s", received.get("signal", "a signal on another rank"),
+                    state.step, last, out)
+    elif dist.is_main:
+        best = ckpt_dir / "best.pt"
+        if tcfg.test_checkpoint == "best" and best.is_file():
+            checkpoint.load_model_state(model, checkpoint.load(best)["model"], best)
+        metrics["test_checkpoint"] = str(best if tcfg.test_checkpoint == "best" and best.is_file() else last)
+        metrics["test"] = {
+            split: translate_split(model, corpus, split, cfg.decode, dist.device, amp,
+                                   out_file=out / "translations" / f"{split}.{cfg.data.tgt}")
+            for split in corpus.splits if split not in ("train", "valid")
+        }
+    if dist.is_main:
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        history.close()
+        writer.close()
+    distributed.barrier(dist)
+    distributed.cleanup()
+    return metrics

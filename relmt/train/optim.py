@@ -1,0 +1,37 @@
+"""Adam and the learning-rate schedules, each a pure function of the step (Vaswani §5.3)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from relmt.config import LrSchedule, TrainConfig
+
+
+def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    """Vaswani §5.3: lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+
+    Rises linearly for `warmup` steps, then decays with the inverse square root of the step.
+    Steps count from 1; tensor2tensor's `learning_rate_constant` is `scale`.
+    """
+    step = max(step, 1)
+    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
+    """fairseq's inverse_sqrt: linear warm-up to `peak` at `warmup`, then peak * sqrt(warmup / step)."""
+    step = max(step, 1)
+    return peak * min(step / warmup, (warmup / step) ** 0.5)
+
+
+def learning_rate(cfg: TrainConfig, d_model: int, step: int) -> float:
+    """The learning rate for update number `step` (1-based)."""
+    if cfg.lr_schedule == LrSchedule.noam:
+        return noam_lr(step, d_model, cfg.warmup_steps, cfg.lr)
+    return inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps)
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
+    """Adam(0.9, 0.98, 1e-9) as in Vaswani §5.3 and Shaw §4.1; its lr is set every step."""
+    return torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay)

@@ -1,0 +1,223 @@
+"""Training pieces and the loop, in-process on tiny settings (CPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from relmt.config import compose
+from relmt.errors import UserError
+from relmt.train import checkpoint
+from relmt.train import loop as loop_module
+from relmt.train.loss import label_smoothed_nll
+from relmt.train.optim import inverse_sqrt_lr, noam_lr
+
+# --- schedules and loss ---------------------------------------------------------------------------
+
+def test_noam_schedule_by_hand():
+    # Vaswani §5.3 with d_model 512, warmup 4000: at step 4000 both branches meet.
+    assert noam_lr(4000, 512, 4000) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
+    assert noam_lr(100, 512, 4000) == pytest.approx(512 ** -0.5 * 100 * 4000 ** -1.5)
+    assert noam_lr(16000, 512, 4000, scale=2.0) == pytest.approx(2 * 512 ** -0.5 / 126.49110640673517)
+    assert noam_lr(0, 512, 4000) == noam_lr(1, 512, 4000)  # steps count from 1
+
+
+def test_inverse_sqrt_schedule_by_hand():
+    assert inverse_sqrt_lr(50, 1e-3, 100) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothed_loss_matches_torch(eps):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, dtype=torch.float64)
+    target = torch.randint(1, 11, (3, 5))
+    target[1, 3:] = 0  # padding
+    loss, nll = label_smoothed_nll(logits, target, eps)
+    flat_logits, flat_target = logits.reshape(-1, 11), target.reshape(-1)
+    ref = F.cross_entropy(flat_logits, flat_target, ignore_index=0, reduction="sum", label_smoothing=eps)
+    ref_nll = F.cross_entropy(flat_logits, flat_target, ignore_index=0, reduction="sum")
+    torch.testing.assert_close(loss.double(), ref)
+    torch.testing.assert_close(nll.double(), ref_nll)
+
+
+# --- checkpoints -------------------------------------------------------------------------------------
+
+def fake_payload(value: float, step: int = 1) -> dict:
+    return {"format": checkpoint.CHECKPOINT_FORMAT, "config": {"model": {}}, "spm": {}, "step": step,
+            "model": {"w": torch.full((2, 3), value), "n": torch.tensor([step])}}
+
+
+def test_save_writes_all_names_and_loads_back(tmp_path):
+    checkpoint.save(fake_payload(1.5), tmp_path, ["step_1.pt", "last.pt", "best.pt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt", "step_1.pt"]
+    for name in ("step_1.pt", "last.pt", "best.pt"):
+        assert torch.equal(checkpoint.load(tmp_path / name)["model"]["w"], torch.full((2, 3), 1.5))
+
+
+def test_prune_keeps_the_newest(tmp_path):
+    for step in (2, 10, 4, 8):
+        checkpoint.save(fake_payload(0.0, step), tmp_path, [f"step_{step}.pt"])
+    checkpoint.prune(tmp_path, keep=2)
+    assert [p.name for p in checkpoint.step_files(tmp_path)] == ["step_8.pt", "step_10.pt"]
+
+
+def test_corrupt_and_foreign_checkpoints_give_clear_errors(tmp_path):
+    checkpoint.save(fake_payload(1.0), tmp_path, ["good.pt"])
+    data = (tmp_path / "good.pt").read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match="truncated.pt: not a readable checkpoint"):
+        checkpoint.load(tmp_path / "truncated.pt")
+    (tmp_path / "junk.pt").write_bytes(b"this is not a checkpoint")
+    with pytest.raises(UserError, match="junk.pt: not a readable checkpoint"):
+        checkpoint.load(tmp_path / "junk.pt")
+    torch.save({"state_dict": {}}, tmp_path / "foreign.pt")
+    with pytest.raises(UserError, match="foreign.pt: not a relmt checkpoint"):
+        checkpoint.load(tmp_path / "foreign.pt")
+    with pytest.raises(UserError, match="missing.pt: no such checkpoint"):
+        checkpoint.load(tmp_path / "missing.pt")
+
+
+def test_averaging_identical_checkpoints_gives_the_same_weights(tmp_path):
+    torch.manual_seed(0)
+    w = torch.randn(4, 4)
+    for i in range(3):
+        payload = fake_payload(0.0, i)
+        payload["model"]["w"] = w.clone()
+        checkpoint.save(payload, tmp_path, [f"step_{i}.pt"])
+    avg = checkpoint.average(checkpoint.step_files(tmp_path))
+    assert torch.equal(avg["model"]["w"], w)
+
+
+def test_averaging_takes_the_mean(tmp_path):
+    for i, value in enumerate((1.0, 2.0, 6.0)):
+        checkpoint.save(fake_payload(value, i), tmp_path, [f"step_{i}.pt"])
+    avg = checkpoint.average(checkpoint.step_files(tmp_path))
+    torch.testing.assert_close(avg["model"]["w"], torch.full((2, 3), 3.0))
+    assert avg["model"]["n"].tolist() == [2]  # integer buffers come from the last checkpoint
+
+
+def test_average_cli(tmp_path, capsys):
+    from relmt.cli import _average, guarded
+
+    for i, value in enumerate((1.0, 3.0, 5.0)):
+        checkpoint.save(fake_payload(value, i), tmp_path, [f"step_{i}.pt"])
+    assert guarded("relmt-average", _average, [f"dir={tmp_path}", "last=2", f"output={tmp_path}/avg.pt"]) == 0
+    torch.testing.assert_close(checkpoint.load(tmp_path / "avg.pt")["model"]["w"], torch.full((2, 3), 4.0))
+    assert guarded("relmt-average", _average, [f"dir={tmp_path}", "last=9", f"output={tmp_path}/x.pt"]) == 2
+    assert "holds only 3 step checkpoints" in capsys.readouterr().err
+
+
+# --- the loop ---------------------------------------------------------------------------------------
+
+def tiny_config(tmp_path: Path, run: str, *overrides: str):
+    cfg = compose(["model=tiny", "train=debug", f"data.cache_dir={tmp_path / 'cache'}", "data.toy.n_train=400",
+                   "data.toy.n_valid=30", "data.toy.n_test=20", "data.toy.n_test_long=20", *overrides])
+    cfg.out_dir = str(tmp_path / run)
+    return cfg
+
+
+def train_records(run_dir: Path, tag: str = "train") -> dict[int, dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines) if r["tag"] == tag}
+
+
+def test_train_writes_every_artifact(tmp_path):
+    cfg = tiny_config(tmp_path, "run")
+    metrics = loop_module.train(cfg)
+    run = tmp_path / "run"
+    assert metrics["status"] == "completed" and metrics["steps"] == 6
+    for name in ("metrics.json", "metrics.jsonl", "tb", "checkpoints/last.pt", "checkpoints/best.pt",
+                 "checkpoints/step_6.pt", "translations/test.tgt", "translations/test_long.tgt"):
+        assert (run / name).exists(), name
+    assert not (run / "checkpoints/step_3.pt").exists() or cfg.train.keep_last >= 2
+    saved = json.loads((run / "metrics.json").read_text())
+    for key in ("final_valid", "best", "steps", "wall_seconds", "tokens_per_s", "params", "test"):
+        assert key in saved
+    assert set(saved["test"]) == {"test", "test_long"}
+    assert "BLEU" in saved["test"]["test"]["signature"] or "tok:13a" in saved["test"]["test"]["signature"]
+    ck = checkpoint.load(run / "checkpoints/last.pt")
+    for key in ("model", "optim", "scaler", "rng", "position", "config", "spm", "state"):
+        assert key in ck
+    assert ck["spm"]["sha256"] and ck["spm"]["model"][:4]  # the vocabulary travels with the weights
+    assert ck["config"]["model"]["positions"] == "rel"
+    tags = {r["tag"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    assert tags == {"train", "valid"}
+
+
+def test_resumed_run_equals_uninterrupted(tmp_path):
+    """Same loss at every step and the same final weights, with dropout on (RNG restored)."""
+    full = tiny_config(tmp_path, "full", "train.max_steps=8", "train.save_every=4", "train.eval_every=4")
+    loop_module.train(full)
+    first = tiny_config(tmp_path, "split", "train.max_steps=4", "train.save_every=4", "train.eval_every=4")
+    loop_module.train(first)
+    second = tiny_config(tmp_path, "split", "train.max_steps=8", "train.save_every=4", "train.eval_every=4",
+                         "train.resume=true")
+    loop_module.train(second)
+    a, b = train_records(tmp_path / "full"), train_records(tmp_path / "split")
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    for step in range(1, 9):
+        assert a[step]["loss"] == b[step]["loss"], step
+    wa = checkpoint.load(tmp_path / "full/checkpoints/last.pt")["model"]
+    wb = checkpoint.load(tmp_path / "split/checkpoints/last.pt")["model"]
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def test_a_run_directory_is_not_overwritten(tmp_path):
+    loop_module.train(tiny_config(tmp_path, "run"))
+    with pytest.raises(UserError, match="already holds a run.*train.resume=true"):
+        loop_module.train(tiny_config(tmp_path, "run"))
+
+
+def test_resume_needs_a_compatible_checkpoint(tmp_path):
+    with pytest.raises(UserError, match="last.pt: no such checkpoint"):
+        loop_module.train(tiny_config(tmp_path, "nothing", "train.resume=true"))
+    loop_module.train(tiny_config(tmp_path, "run"))
+    with pytest.raises(UserError, match="model config differs"):
+        loop_module.train(tiny_config(tmp_path, "run", "train.resume=true", "model.d_model=48"))
+    (tmp_path / "run/checkpoints/last.pt").write_bytes(b"garbage")
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        loop_module.train(tiny_config(tmp_path, "run", "train.resume=true"))
+
+
+def nan_at(steps: set[int], monkeypatch):
+    """Make the loss NaN on the given (1-based) updates."""
+    real = loop_module.label_smoothed_nll
+    calls = {"n": 0}
+
+    def fake(logits, target, eps):
+        calls["n"] += 1
+        loss, nll = real(logits, target, eps)
+        if calls["n"] in steps:
+            return loss * math.nan, nll
+        return loss, nll
+
+    monkeypatch.setattr(loop_module, "label_smoothed_nll", fake)
+
+
+def test_a_nan_loss_skips_the_update_and_is_counted(tmp_path, monkeypatch):
+    nan_at({3}, monkeypatch)
+    metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false"))
+    assert metrics["status"] == "completed" and metrics["skipped_updates"] == 1
+    ck = checkpoint.load(tmp_path / "run/checkpoints/last.pt")
+    assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+
+
+def test_too_many_nan_losses_in_a_row_stop_with_a_clear_error(tmp_path, monkeypatch):
+    nan_at({2, 3, 4}, monkeypatch)
+    with pytest.raises(UserError, match="NaN/inf for 3 updates in a row.*train.lr"):
+        loop_module.train(tiny_config(tmp_path, "run", "train.max_bad_steps=3", "train.valid_bleu=false"))
+
+
+def test_update_freq_accumulates_micro_batches(tmp_path):
+    metrics = loop_module.train(tiny_config(tmp_path, "run", "train.update_freq=3", "train.max_steps=2",
+                                            "train.valid_bleu=false"))
+    ck = checkpoint.load(tmp_path / "run/checkpoints/last.pt")
+    assert metrics["steps"] == 2 and ck["position"]["batch"] == 6
