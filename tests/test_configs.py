@@ -68,3 +68,21 @@ def test_bad_keys_and_types_fail_at_compose(override, match):
 
 def test_configs_dir_is_the_repo_one():
     assert config_dir().resolve() == (Path(__file__).parents[1] / "configs").resolve()
+
+
+GROUPS = {group: sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+          for group in ("data", "train", "decode")}
+NEEDS = {"text": ["data.dir=some/folder"], "multi30k_text": ["data.dir=some/folder"]}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
+def test_every_group_option_composes_and_builds(group, option):
+    cfg = compose([f"{group}={option}", *NEEDS.get(option, [])])
+    assert getattr(cfg, group) is not None
+    model = build_model(cfg.model, vocab_size=32, pad_id=0)
+    assert model(torch.tensor([[5, 3]]), torch.tensor([[2]])).shape == (1, 1, 32)
+
+
+def test_text_data_without_a_folder_is_a_clear_error():
+    with pytest.raises(ValueError, match="data.dir: is required for source=text"):
+        compose(["data=text"])
