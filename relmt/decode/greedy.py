@@ -29,10 +29,10 @@ def strip(row: list[int], eos_id: int, pad_id: int) -> list[int]:
 
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_a: float = 1.0,
-                  max_len_b: int = 50, use_cache: bool = True) -> list[list[int]]:
+                  max_len_b: int = 50, use_cache: bool = True, min_len: int = 0) -> list[list[int]]:
     """Argmax decoding of a batch. src: (B, S) right-padded ids. Returns each sentence's output
-    ids without BOS/EOS. `use_cache=False` re-runs the full decoder every step (the slow path that
-    cached decoding must equal)."""
+    ids without BOS/EOS. PAD and BOS are never produced, nor EOS before `min_len` tokens.
+    `use_cache=False` re-runs the full decoder every step (the slow path cached decoding must equal)."""
     memory, src_mask = model.encode(src)
     limit = max_lengths(src_mask, max_len_a, max_len_b)  # (B,)
     batch = src.shape[0]
@@ -47,6 +47,9 @@ def greedy_decode(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max
             logits, cache = model.decode_step(tokens[:, -1], memory, src_mask, cache, step=t)
         else:
             logits = model.decode(tokens, memory, src_mask)[:, -1]
+        logits[:, [model.pad_id, bos_id]] = float("-inf")
+        if t < min_len:
+            logits[:, eos_id] = float("-inf")
         nxt = torch.where(active, logits.argmax(dim=-1), model.pad_id)  # (B,)
         tokens = torch.cat((tokens, nxt[:, None]), dim=1)
         finished |= active & (nxt == eos_id)

@@ -1,0 +1,130 @@
+"""Batched beam search over the explicit decoder cache, built from small pure pieces.
+
+Shaw et al. §4.1 decode with beam 4 and the GNMT length penalty lp(|y|) = ((5 + |y|) / 6)^alpha,
+alpha = 0.6: a finished hypothesis y (|y| counts its tokens including EOS) scores log P(y) / lp(|y|).
+
+Each step, per sentence: extend the K live beams by every token, take the 2K best candidates by
+log-probability (`topk_candidates`); EOS candidates ranked among the first K finish, and the first K
+non-EOS candidates stay live (so K live beams survive however many finish). Each sentence keeps a
+pool of its K best finished hypotheses (`merge_finished`). A sentence is done when its pool is
+full and no live beam can still beat the pool's worst (`can_stop`: since log-probabilities only
+fall, a live beam's best reachable score is its log P / lp(max length)), or at once with
+`early_stop`, or at its step limit max_len = floor(a * |x| + b), where the live beams finish as
+they stand. With beam 1 and (alpha = 0 or early_stop) this is exactly greedy decoding. Finished
+sentences leave the batch. No Python loop runs over sentences or beams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from relmt.decode.greedy import max_lengths
+from relmt.model.transformer import Transformer
+
+
+def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT (Wu et al. 2016, eq. 14): ((5 + |y|) / 6)^alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def topk_candidates(scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """scores: (B, K, V) candidate log-probabilities. Returns the k best per sentence as
+    (scores (B, k), origin beam (B, k), token (B, k)), best first."""
+    b, beams, vocab = scores.shape
+    top, flat = scores.view(b, beams * vocab).topk(k, dim=1)
+    return top, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
+
+
+def merge_finished(pool_scores: Tensor, pool_tokens: Tensor, new_scores: Tensor, new_tokens: Tensor,
+                   ) -> tuple[Tensor, Tensor]:
+    """Keep each sentence's K best finished hypotheses. pool: (B, K) scores and (B, K, L) tokens;
+    new: (B, N) scores (-inf where not finished) and (B, N, L) tokens. Returns the new pool."""
+    k = pool_scores.shape[1]
+    scores = torch.cat((pool_scores, new_scores), dim=1)
+    tokens = torch.cat((pool_tokens, new_tokens), dim=1)
+    best, idx = scores.topk(k, dim=1)
+    return best, tokens.gather(1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
+
+
+def can_stop(pool_scores: Tensor, alive_scores: Tensor, limit: Tensor, alpha: float) -> Tensor:
+    """(B,) True where the pool is full and no live beam can beat its worst hypothesis."""
+    full = torch.isfinite(pool_scores).all(dim=1)
+    best_reachable = alive_scores.max(dim=1).values / length_penalty(limit.to(alive_scores.dtype), alpha)
+    return full & (best_reachable <= pool_scores.min(dim=1).values)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]  # output ids without BOS/EOS
+    score: float  # log P(y) / lp(|y|)
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id: int, lenpen: float = 0.6,
+                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1, early_stop: bool = False,
+                min_len: int = 0, use_cache: bool = True) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses of each source row of src (B, S), best first."""
+    k, pad_id = beam, model.pad_id
+    memory, src_mask = model.encode(src)
+    limit = max_lengths(src_mask, max_len_a, max_len_b)  # (B,) steps allowed per sentence
+    n = src.shape[0]
+    memory, src_mask = memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)  # (n*K, S, d)
+    tokens = src.new_full((n * k, 1), bos_id)  # (n*K, 1 + t): BOS + the live beams' outputs
+    alive = torch.full((n, k), float("-inf"), device=src.device)
+    alive[:, 0] = 0.0  # one live beam to start, so that the first step does not repeat it K times
+    pool_scores = torch.full((n, k), float("-inf"), device=src.device)
+    pool_tokens = src.new_full((n, k, 1), pad_id)
+    sentence = torch.arange(n, device=src.device)  # original index of each remaining sentence
+    results: list[list[Hypothesis]] = [[] for _ in range(n)]
+    cache = None
+    for t in range(int(limit.max())):
+        if use_cache:
+            logits, cache = model.decode_step(tokens[:, -1], memory, src_mask, cache, step=t)
+        else:
+            logits = model.decode(tokens, memory, src_mask)[:, -1]
+        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (m*K, V)
+        lprobs[:, [pad_id, bos_id]] = float("-inf")
+        if t < min_len:
+            lprobs[:, eos_id] = float("-inf")
+        m, vocab = alive.shape[0], lprobs.shape[1]
+        cand, origin, token = topk_candidates(alive[:, :, None] + lprobs.view(m, k, vocab), k=2 * k)  # (m, 2K)
+
+        # Candidates that finish now: EOS among the first K, or any of the first K at the step limit.
+        rank = torch.arange(2 * k, device=src.device)
+        last = (t + 1 >= limit)[:, None]
+        finishing = ((token == eos_id) | last) & (rank < k) & torch.isfinite(cand)
+        rows = (torch.arange(m, device=src.device)[:, None] * k + origin)  # (m, 2K) rows of `tokens`
+        seqs = torch.cat((tokens[rows.view(-1), 1:].view(m, 2 * k, t), token[:, :, None]), dim=2)
+        normalised = cand / length_penalty(float(t + 1), lenpen)
+        pool_tokens = torch.cat((pool_tokens, pool_tokens.new_full((m, k, 1), pad_id)), dim=2)[:, :, : t + 1]
+        pool_scores, pool_tokens = merge_finished(pool_scores, pool_tokens,
+                                                  normalised.masked_fill(~finishing, float("-inf")), seqs)
+
+        # The first K non-EOS candidates stay live.
+        keep = torch.sort((token == eos_id).int() * 2 * k + rank, dim=1).indices[:, :k]  # (m, K)
+        alive = cand.gather(1, keep)
+        rows = rows.gather(1, keep).view(-1)
+        tokens = torch.cat((tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
+        if use_cache:
+            cache = cache.select(rows)
+
+        done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
+                             can_stop(pool_scores, alive, limit, lenpen))
+        if done.any():
+            for i, scores, seqs_i in zip(sentence[done].tolist(), pool_scores[done].tolist(),
+                                         pool_tokens[done].tolist()):
+                hyps = [Hypothesis([x for x in s if x not in (eos_id, pad_id)], sc)
+                        for sc, s in zip(scores, seqs_i) if sc != float("-inf")]
+                results[i] = hyps[:nbest]
+            keep_rows = (~done).repeat_interleave(k)
+            sentence, limit, alive = sentence[~done], limit[~done], alive[~done]
+            pool_scores, pool_tokens = pool_scores[~done], pool_tokens[~done]
+            tokens, memory, src_mask = tokens[keep_rows], memory[keep_rows], src_mask[keep_rows]
+            if use_cache:
+                cache = cache.select(keep_rows.nonzero().view(-1))
+            if not len(sentence):
+                break
+    return results
