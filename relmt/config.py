@@ -206,6 +206,8 @@ class DecodeConfig:
     max_len_b: int = 50
     max_tokens: int = 8000  # source tokens per decoding batch
     nbest: int = 1
+    early_stop: bool = False  # stop a sentence once it has `beam` finished hypotheses
+    min_len: int = 0  # EOS is suppressed before this many output tokens (benchmarks force lengths)
 
     def __post_init__(self) -> None:
         _check(self.beam >= 1, "decode.beam", f"must be >= 1, got {self.beam}")
@@ -214,6 +216,7 @@ class DecodeConfig:
         _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b", "max_len_a and b are both 0")
         _check(self.max_tokens >= 1, "decode.max_tokens", "must be >= 1")
         _check(1 <= self.nbest <= self.beam, "decode.nbest", f"must be in [1, beam={self.beam}]")
+        _check(self.min_len >= 0, "decode.min_len", f"must be >= 0, got {self.min_len}")
 
 
 @dataclass

@@ -42,17 +42,21 @@ def _toy(cfg: DataConfig) -> datasets.DatasetDict:
 
 
 def read_lines(path: Path) -> list[str]:
-    """All lines of a UTF-8 text file, without line endings. Splits on '\\n' only: splitlines()
-    would also split on U+2028 and friends and silently misalign a parallel corpus."""
+    """All lines of a UTF-8 text file, without line endings."""
     if not path.is_file():
         raise UserError(f"{path}: no such file")
-    data = path.read_bytes()
+    return decode_lines(path.read_bytes(), str(path))
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """UTF-8 bytes -> lines without line endings; invalid UTF-8 names `name` and the line. Splits on
+    '\\n' only: splitlines() would also split on U+2028 and friends and misalign a parallel corpus."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise UserError(f"{path}:{line}: invalid UTF-8 (byte {column} of the line: {e.reason})") from None
+        raise UserError(f"{name}:{line}: invalid UTF-8 (byte {column} of the line: {e.reason})") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it does not start a new one

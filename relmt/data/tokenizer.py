@@ -46,11 +46,14 @@ def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model
 class Tokenizer:
     """A trained sentencepiece model: text <-> ids, batched."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, model: bytes | None = None) -> None:
+        """Load the model file at `path`, or, given `model`, those bytes (path is then a label)."""
         self.path = Path(path)
-        if not self.path.is_file():
+        if model is None and not self.path.is_file():
             raise UserError(f"{self.path}: sentencepiece model not found")
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        self.sp = (spm.SentencePieceProcessor(model_proto=model) if model is not None
+                   else spm.SentencePieceProcessor(model_file=str(self.path)))
+        self._bytes = model
         ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise UserError(f"{self.path}: special ids (pad, unk, bos, eos) are {ids}, relmt expects "
@@ -66,5 +69,8 @@ class Tokenizer:
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
 
+    def model_bytes(self) -> bytes:
+        return self._bytes if self._bytes is not None else self.path.read_bytes()
+
     def sha256(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        return hashlib.sha256(self.model_bytes()).hexdigest()

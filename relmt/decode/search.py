@@ -9,6 +9,7 @@ from torch import Tensor
 from relmt.config import DecodeConfig
 from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from relmt.decode.beam import beam_search
 from relmt.decode.greedy import greedy_decode
 from relmt.model.transformer import Transformer
 
@@ -29,8 +30,10 @@ def source_batches(src_lens: np.ndarray, max_tokens: int) -> list[np.ndarray]:
 def search(model: Transformer, src: Tensor, cfg: DecodeConfig) -> list[list[int]]:
     """Best output ids (no BOS/EOS) for each row of src (B, S), by greedy or beam search."""
     if cfg.beam == 1:
-        return greedy_decode(model, src, BOS_ID, EOS_ID, cfg.max_len_a, cfg.max_len_b)
-    raise NotImplementedError("beam search > 1 arrives with relmt.decode.beam")
+        return greedy_decode(model, src, BOS_ID, EOS_ID, cfg.max_len_a, cfg.max_len_b, min_len=cfg.min_len)
+    hyps = beam_search(model, src, cfg.beam, BOS_ID, EOS_ID, cfg.lenpen, cfg.max_len_a, cfg.max_len_b,
+                       early_stop=cfg.early_stop, min_len=cfg.min_len)
+    return [h[0].tokens for h in hyps]
 
 
 @torch.no_grad()

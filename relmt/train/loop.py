@@ -113,7 +113,7 @@ def train(cfg: Config) -> dict:
     amp = autocast_dtype(tcfg.precision, dist.device)
     scaler = torch.amp.GradScaler(dist.device.type, enabled=amp == torch.float16)
     state = TrainState()
-    spm = {"path": str(tokenizer.path), "sha256": tokenizer.sha256(), "model": tokenizer.path.read_bytes()}
+    spm = {"path": str(tokenizer.path), "sha256": tokenizer.sha256(), "model": tokenizer.model_bytes()}
 
     last = ckpt_dir / "last.pt"
     if tcfg.resume:
