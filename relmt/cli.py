@@ -18,6 +18,13 @@ from relmt.errors import UserError
 USAGE = {
     "relmt-prepare": "relmt-prepare [data=<name>] [data.key=value ...]\n"
                      "Build the sentencepiece vocabulary and the encoded data cache, and print a summary.",
+    "relmt-translate": "relmt-translate checkpoint=PATH [input=FILE] [output=FILE] [beam=4] [lenpen=0.6] [nbest=1]\n"
+                       "                [max_tokens=N] [max_len_a=A] [max_len_b=B] [device=auto|cpu|cuda]\n"
+                       "Translate stdin (or input) line by line to stdout (or output). Unset decoding options come\n"
+                       "from the checkpoint's decode config. With nbest > 1 each line is `index<TAB>score<TAB>text`.",
+    "relmt-score": "relmt-score hyp=FILE ref=FILE [src=FILE] [lang=de] [buckets=[10,20,30,40,60]] [out=FILE.json]\n"
+                   "sacreBLEU and chrF with signatures, paper-comparable tokenized BLEU (Moses + compound\n"
+                   "splitting), and with src, BLEU by source length. Prints a summary; writes JSON to out.",
     "relmt-average": "relmt-average output=AVG.pt (dir=RUN/checkpoints [last=N] | checkpoints=[a.pt,b.pt,...])\n"
                      "Average the weights of the last N step checkpoints in dir (all of them if N=0), or\n"
                      "of the listed checkpoints, into one checkpoint.",
@@ -116,6 +123,96 @@ def _average(argv: list[str]) -> None:
 def average() -> None:
     """Console script `relmt-average`."""
     sys.exit(guarded("relmt-average", _average))
+
+
+@dataclass
+class TranslateArgs:
+    checkpoint: str = "???"
+    input: str = ""  # default: stdin
+    output: str = ""  # default: stdout
+    beam: int | None = None
+    lenpen: float | None = None
+    nbest: int = 1
+    max_tokens: int | None = None
+    max_len_a: float | None = None
+    max_len_b: int | None = None
+    device: str = "auto"
+    progress: bool = True
+
+
+def read_input(path: str) -> list[str]:
+    """Lines of a file, or of stdin for '' or '-', with invalid UTF-8 reported by line number."""
+    from pathlib import Path
+
+    from relmt.data.sources import decode_lines, read_lines
+
+    if path in ("", "-"):
+        return decode_lines(sys.stdin.buffer.read(), "<stdin>")
+    return read_lines(Path(path))
+
+
+def _translate(argv: list[str]) -> None:
+    from relmt.decode.translator import Translator
+
+    args = parse_args(TranslateArgs, argv)
+    setup_logging(logging.WARNING)
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    overrides = {k: getattr(args, k) for k in ("beam", "lenpen", "max_tokens", "max_len_a", "max_len_b")
+                 if getattr(args, k) is not None}
+    if args.nbest > overrides.get("beam", translator.decode.beam):
+        raise UserError(f"nbest={args.nbest} is more than the beam ({overrides.get('beam', translator.decode.beam)})")
+    lines = read_input(args.input)
+    results = translator.translate_nbest(lines, progress=args.progress and sys.stderr.isatty(),
+                                         nbest=args.nbest, **overrides)
+    if args.nbest == 1:
+        text = "".join((hyps[0][0] if hyps else "") + "\n" for hyps in results)
+    else:
+        text = "".join(f"{i}\t{score:.4f}\t{hyp}\n" for i, hyps in enumerate(results) for hyp, score in hyps)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
+def translate() -> None:
+    """Console script `relmt-translate`."""
+    sys.exit(guarded("relmt-translate", _translate))
+
+
+@dataclass
+class ScoreArgs:
+    hyp: str = "???"
+    ref: str = "???"
+    src: str = ""
+    lang: str = ""  # Moses language for the tokenized BLEU; default: the ref file's suffix, else en
+    buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
+    out: str = ""  # JSON output; default: <hyp>.score.json
+
+
+def _score(argv: list[str]) -> None:
+    import json
+    from pathlib import Path
+
+    from relmt.data.sources import read_lines
+    from relmt.evaluate.score import report, score
+
+    args = parse_args(ScoreArgs, argv)
+    suffix = Path(args.ref).suffix.lstrip(".")
+    lang = args.lang or (suffix if suffix.isalpha() and len(suffix) in (2, 3) else "en")
+    srcs = read_lines(Path(args.src)) if args.src else None
+    result = score(read_lines(Path(args.hyp)), read_lines(Path(args.ref)), srcs, lang, tuple(args.buckets),
+                   names=(args.hyp, args.ref, args.src))
+    result.update(hyp=args.hyp, ref=args.ref, src=args.src or None, lang=lang)
+    out = Path(args.out or f"{args.hyp}.score.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(report(result))
+    print(f"written: {out}")
+
+
+def score() -> None:
+    """Console script `relmt-score`."""
+    sys.exit(guarded("relmt-score", _score))
 
 
 def _train_job(dcfg) -> float | None:

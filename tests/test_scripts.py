@@ -44,3 +44,14 @@ def test_bench_prepare_runs(tmp_path):
     assert row["pairs"] == 50 and row["scratch_s"] > 0 and row["cached_s"] > 0
     assert payload["spm_32k"]["sentences"] == 80
     assert "cached rerun" in md.read_text()
+
+
+def test_bench_decode_runs(tmp_path):
+    out = tmp_path / "d.json"
+    run_script("bench_decode.py", "--n", "6", "--repeats", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32",
+               "--layers", "1", "--forced-length", "5", "--per-step", "--cache-dir", str(tmp_path / "cache"),
+               "--out", str(out))
+    payload = json.loads(out.read_text())
+    assert {r["positions"] for r in payload["rows"]} == {"abs", "rel"}
+    assert all(r["avg_output_tokens"] == 5 for r in payload["rows"])
+    assert len(payload["per_step_seconds"]["forced/rel"]) == 5

@@ -1,0 +1,99 @@
+"""`relmt-score`: translation quality of a hypothesis file against a reference file.
+
+Three figures, each labelled (PAPER.md, BLEU conventions):
+- sacreBLEU: detokenized text, tokenizer 13a, with its signature (the standard; Post 2018);
+- chrF, with its signature;
+- paper-comparable tokenized BLEU: Moses-tokenize hypothesis and reference (sacremoses), split
+  hyphenated compounds (`X-Y` -> `X ##AT##-##AT## Y`, as tensor2tensor's get_ende_bleu.sh and
+  fairseq's compound_split_bleu.sh do), then BLEU on those tokens (`tokenize='none'`). This is
+  how the EN-DE figures of Shaw et al. and its peers are usually computed; it is not sacreBLEU.
+With the source file, BLEU is also broken down by source length in words, which is how relmt
+shows length generalisation (the clipped relative positions of Shaw §3.2).
+"""
+
+from __future__ import annotations
+
+import re
+
+from sacrebleu.metrics import BLEU, CHRF
+from sacremoses import MosesTokenizer
+
+from relmt.errors import UserError
+
+DEFAULT_BUCKETS = (10, 20, 30, 40, 60)  # upper edges: 1-10, 11-20, 21-30, 31-40, 41-60, 61+
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+def split_compounds(text: str) -> str:
+    """`X-Y` -> `X ##AT##-##AT## Y`, left to right without overlaps, like perl's s{(\\S)-(\\S)}{...}g."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
+
+
+def sacrebleu_scores(hyps: list[str], refs: list[str]) -> dict:
+    bleu, chrf = BLEU(), CHRF()
+    b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
+    return {"sacrebleu": {"score": b.score, "signature": str(bleu.get_signature()), "text": str(b)},
+            "chrf": {"score": c.score, "signature": str(chrf.get_signature())}}
+
+
+def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> dict:
+    """Paper-comparable BLEU: Moses tokenization + compound splitting, then tokenize='none'."""
+    moses = MosesTokenizer(lang=lang)
+
+    def prep(s: str) -> str:
+        return split_compounds(moses.tokenize(s, return_str=True, escape=False))
+
+    bleu = BLEU(tokenize="none")
+    score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]])
+    return {"score": score.score, "signature": str(bleu.get_signature()),
+            "label": f"tokenized BLEU: Moses ({lang}) + compound splitting, tokenize=none (not sacreBLEU)"}
+
+
+def bucket_label(lo: int, hi: int | None) -> str:
+    return f"{lo + 1}+" if hi is None else f"{lo + 1}-{hi}"
+
+
+def bucketed_bleu(hyps: list[str], refs: list[str], srcs: list[str], edges: tuple[int, ...] = DEFAULT_BUCKETS,
+                  ) -> list[dict]:
+    """sacreBLEU per source-length bucket (words, split on whitespace); empty buckets are listed
+    with 0 sentences. An empty source falls into the first bucket."""
+    bounds = [(lo, hi) for lo, hi in zip((0, *edges), edges)] + [(edges[-1], None)]
+    rows = []
+    for lo, hi in bounds:
+        members = [i for i, s in enumerate(srcs) if (len(s.split()) > lo or lo == 0) and
+                   (hi is None or len(s.split()) <= hi)]
+        row = {"bucket": bucket_label(lo, hi), "sentences": len(members), "bleu": None}
+        if members:
+            row["bleu"] = BLEU().corpus_score([hyps[i] for i in members], [[refs[i] for i in members]]).score
+        rows.append(row)
+    return rows
+
+
+def score(hyps: list[str], refs: list[str], srcs: list[str] | None = None, lang: str = "en",
+          buckets: tuple[int, ...] = DEFAULT_BUCKETS, names: tuple[str, str, str] = ("hyp", "ref", "src")) -> dict:
+    """Every figure above as one JSON-able dict."""
+    if len(hyps) != len(refs):
+        raise UserError(f"{names[0]} has {len(hyps)} lines but {names[1]} has {len(refs)}: "
+                        "hypotheses and references must be line-aligned")
+    if srcs is not None and len(srcs) != len(refs):
+        raise UserError(f"{names[2]} has {len(srcs)} lines but {names[1]} has {len(refs)}")
+    if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 1:
+        raise UserError(f"buckets={list(buckets)}: give increasing upper edges >= 1, e.g. [10,20,30,40,60]")
+    result = {"sentences": len(hyps), **sacrebleu_scores(hyps, refs),
+              "tokenized_bleu": tokenized_bleu(hyps, refs, lang)}
+    if srcs is not None:
+        result["by_source_length"] = bucketed_bleu(hyps, refs, srcs, tuple(buckets))
+    return result
+
+
+def report(result: dict) -> str:
+    """A short human-readable summary of `score`'s result."""
+    lines = [f"sentences: {result['sentences']}",
+             f"sacreBLEU {result['sacrebleu']['score']:.2f}  ({result['sacrebleu']['signature']})",
+             f"chrF      {result['chrf']['score']:.2f}  ({result['chrf']['signature']})",
+             f"{result['tokenized_bleu']['score']:.2f}  {result['tokenized_bleu']['label']}"]
+    if "by_source_length" in result:
+        lines.append("BLEU by source length (words): " + ", ".join(
+            f"{r['bucket']}: {'-' if r['bleu'] is None else format(r['bleu'], '.2f')} (n={r['sentences']})"
+            for r in result["by_source_length"]))
+    return "\n".join(lines)

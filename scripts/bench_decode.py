@@ -1,0 +1,169 @@
+#!/usr/bin/env python
+"""Beam-search decoding speed: sentences/s and target tokens/s, absolute vs relative positions.
+
+Decodes N source sentences (the toy corpus's test split by default, or a text folder's split)
+with beam 4 through `Translator` (batching, search, detokenization: what relmt-translate does).
+Two regimes:
+- forced: every output is exactly --forced-length tokens (EOS suppressed until then, and the
+  step limit set there), so abs and rel models do identical work even untrained;
+- free: the usual limit a*|x|+b with EOS allowed; only meaningful for trained models
+  (--checkpoint-abs / --checkpoint-rel).
+Without checkpoints, abs and rel models of the same shape are built untrained from one seed.
+--per-step records the time of each decoder step (summed over batches) against the step number.
+
+    python scripts/bench_decode.py --out docs/results/decode_cpu.json --md docs/results/decode_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from relmt.bench import command_line, hardware, markdown_table, write_json
+from relmt.config import DataConfig, DecodeConfig, ModelConfig, Source, SpmModel
+from relmt.data.dataset import prepare
+from relmt.data.tokenizer import PAD_ID
+from relmt.decode.translator import Translator
+from relmt.model.positions import PosKind
+from relmt.model.transformer import build_model
+from relmt.train.distributed import resolve_device
+
+
+def load_translators(args: argparse.Namespace, device: torch.device) -> tuple[dict[str, Translator], list[str]]:
+    data = DataConfig(name="bench", source=Source.text, dir=args.text_dir, src=args.src_lang, tgt=args.tgt_lang,
+                      splits={"train": "train", "valid": args.split, args.split: args.split},
+                      vocab_size=args.vocab_size, spm_model_type=SpmModel(args.spm_model_type),
+                      cache_dir=args.cache_dir) if args.text_dir else DataConfig(cache_dir=args.cache_dir)
+    corpus = prepare(data)
+    sentences = corpus.texts(args.split, "src")[: args.n]
+    translators = {}
+    for kind in ("abs", "rel"):
+        ckpt = getattr(args, f"checkpoint_{kind}")
+        if ckpt:
+            translators[kind] = Translator.from_checkpoint(ckpt, device=str(device))
+            continue
+        torch.manual_seed(args.seed)
+        cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, d_ff=args.d_ff, encoder_layers=args.layers,
+                          decoder_layers=args.layers, positions=PosKind(kind), max_relative_position=args.k)
+        model = build_model(cfg, corpus.tokenizer.vocab_size, PAD_ID).to(device)
+        translators[kind] = Translator(model, corpus.tokenizer, DecodeConfig(), device)
+    return translators, sentences
+
+
+class StepTimer:
+    """Wraps model.decode_step to add up its wall time per step number."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model, self.device, self.inner = model, device, model.decode_step
+        self.seconds: dict[int, float] = defaultdict(float)
+
+    def __enter__(self) -> StepTimer:
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            out = self.inner(*a, **kw)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.seconds[kw.get("step", a[4] if len(a) > 4 else 0)] += time.perf_counter() - t0
+            return out
+
+        self.model.decode_step = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.model.decode_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--text-dir", help="a folder of {split}.{lang} files (default: the toy corpus)")
+    ap.add_argument("--src-lang", default="src")
+    ap.add_argument("--tgt-lang", default="tgt")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--vocab-size", type=int, default=8000)
+    ap.add_argument("--spm-model-type", default="bpe")
+    ap.add_argument("--cache-dir", default="data/cache")
+    ap.add_argument("--n", type=int, default=500, help="source sentences")
+    ap.add_argument("--checkpoint-abs")
+    ap.add_argument("--checkpoint-rel")
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--d-ff", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
+    ap.add_argument("--forced-length", type=int, default=20)
+    ap.add_argument("--regimes", nargs="+", default=["forced"], choices=["forced", "free"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--per-step", action="store_true", help="record decoder time per step number")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--md", type=Path)
+    args = ap.parse_args()
+    device = resolve_device(args.device)
+    translators, sentences = load_translators(args, device)
+
+    rows, per_step = [], {}
+    for regime in args.regimes:
+        decode = {"beam": args.beam, "max_tokens": args.max_tokens, "nbest": 1}
+        if regime == "forced":
+            decode.update(max_len_a=0.0, max_len_b=args.forced_length, min_len=args.forced_length)
+        for kind, translator in translators.items():
+            translator.translate(sentences[:8], **decode)  # warm-up
+            times, outputs = [], []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                outputs = translator.hypotheses(sentences, **decode)  # what translate() does, minus
+                translator.tokenizer.decode([h[0].tokens for h in outputs if h])  # keeping the ids
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - t0)
+            seconds = statistics.median(times)
+            tokens = sum(len(h[0].tokens) for h in outputs if h)
+            rows.append({"regime": regime, "positions": kind, "sentences": len(sentences), "seconds": seconds,
+                         "sentences_per_s": len(sentences) / seconds, "tgt_tokens_per_s": tokens / seconds,
+                         "avg_output_tokens": tokens / len(sentences)})
+            if args.per_step:
+                with StepTimer(translator.model, device) as timer:
+                    translator.hypotheses(sentences, **decode)
+                per_step[f"{regime}/{kind}"] = dict(sorted(timer.seconds.items()))
+            print(f"{regime:6s} {kind}: {rows[-1]['sentences_per_s']:.1f} sent/s, "
+                  f"{rows[-1]['tgt_tokens_per_s']:.0f} tgt tok/s ({seconds:.2f}s)", flush=True)
+        by_kind = {r["positions"]: r for r in rows if r["regime"] == regime}
+        if {"abs", "rel"} <= set(by_kind):
+            by_kind["rel"]["rel_over_abs_time"] = by_kind["rel"]["seconds"] / by_kind["abs"]["seconds"]
+
+    columns = [("regime", "regime"), ("positions", "positions"), ("sentences", "sentences"),
+               ("sentences_per_s", "sentences/s"), ("tgt_tokens_per_s", "target tokens/s"),
+               ("avg_output_tokens", "avg output tokens"), ("seconds", "seconds"),
+               ("rel_over_abs_time", "rel/abs time")]
+    table = markdown_table(rows, columns)
+    hw = hardware(device)
+    print("\n" + table)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    if args.out:
+        write_json(args.out, {"command": command_line(), "hardware": hw, "settings": settings, "rows": rows,
+                              "per_step_seconds": per_step})
+    if args.md:
+        models = ("trained checkpoints" if args.checkpoint_abs or args.checkpoint_rel else
+                  f"untrained models of one shape ({args.layers}+{args.layers} layers, d_model {args.d_model}, "
+                  f"{args.heads} heads, FFN {args.d_ff}; rel: k = {args.k}, per-head a^K and a^V)")
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(
+            f"# Beam-{args.beam} decoding speed ({device.type})\n\n"
+            f"{len(sentences)} source sentences ({args.text_dir or 'toy corpus'}, split {args.split}) translated "
+            f"with `Translator` (length-sorted batches of at most {args.max_tokens} source tokens, beam "
+            f"{args.beam}, detokenized output), {models}, fp32. `forced`: every output has exactly "
+            f"{args.forced_length} tokens. Median of {args.repeats} runs after a warm-up.\n\n"
+            f"- command: `{command_line()}`\n- hardware: {hw.get('gpu', hw['cpu'])}, {hw['torch_threads']} torch "
+            f"threads, torch {hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
