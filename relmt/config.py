@@ -111,6 +111,8 @@ class DataConfig:
     max_length_ratio: float = 3.0  # drop pairs whose longer side exceeds ratio x the shorter; 0 = off
     cache_dir: str = "data/cache"
     num_proc: int = 1  # processes for datasets.map
+    # upper edges (source words) of the buckets for BLEU by source length, reported on the test splits
+    length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
 
     def __post_init__(self) -> None:
         if self.source != Source.toy:
@@ -125,6 +127,9 @@ class DataConfig:
         _check(self.max_length_ratio == 0 or self.max_length_ratio >= 1, "data.max_length_ratio",
                f"must be 0 (off) or >= 1, got {self.max_length_ratio}")
         _check(self.num_proc >= 1, "data.num_proc", "must be >= 1")
+        _check(len(self.length_buckets) > 0 and list(self.length_buckets) == sorted(set(self.length_buckets))
+               and self.length_buckets[0] >= 1, "data.length_buckets",
+               f"must be increasing edges >= 1, got {list(self.length_buckets)}")
         _check(0 < self.spm_character_coverage <= 1, "data.spm_character_coverage", "must be in (0, 1]")
         t = self.toy
         _check(t.max_words >= 2, "data.toy.max_words", "must be >= 2")
@@ -179,7 +184,8 @@ class TrainConfig:
     progress: bool = True  # a tqdm bar on a terminal
     resume: bool = False  # continue from checkpoints/last.pt of the run directory
     max_bad_steps: int = 5  # consecutive NaN/inf losses tolerated (each update skipped)
-    test_checkpoint: str = "best"  # weights scored on the test splits at the end: best | last
+    test_checkpoint: str = "best"  # weights scored on the test splits at the end: best | last | averaged
+    average_last: int = 0  # at the end, average the last N step_N.pt into averaged.pt (Shaw §4.1: 20)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "update_freq", "eval_every", "save_every", "log_every", "warmup_steps",
@@ -193,7 +199,12 @@ class TrainConfig:
         _check(0 <= self.label_smoothing < 1, "train.label_smoothing", "must be in [0, 1)")
         _check(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas), "train.adam_betas",
                f"must be two numbers in [0, 1), got {list(self.adam_betas)}")
-        _check(self.test_checkpoint in ("best", "last"), "train.test_checkpoint", "must be best or last")
+        _check(self.test_checkpoint in ("best", "last", "averaged"), "train.test_checkpoint",
+               f"must be best, last or averaged, got {self.test_checkpoint}")
+        _check(0 <= self.average_last <= self.keep_last or self.average_last == 0, "train.average_last",
+               f"averaging the last {self.average_last} checkpoints needs train.keep_last >= it ({self.keep_last})")
+        _check(self.test_checkpoint != "averaged" or self.average_last > 0, "train.test_checkpoint",
+               "averaged needs train.average_last > 0")
 
 
 @dataclass

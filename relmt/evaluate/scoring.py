@@ -37,12 +37,13 @@ def split_loss(model: Transformer, corpus: Corpus, split: str, max_tokens: int, 
 
 
 def translate_split(model: Transformer, corpus: Corpus, split: str, cfg: DecodeConfig, device: torch.device,
-                    autocast_dtype: torch.dtype | None = None, out_file: Path | None = None) -> dict:
+                    autocast_dtype: torch.dtype | None = None, out_file: Path | None = None
+                    ) -> tuple[dict, list[str]]:
     """Decode a split, detokenize, and score it with sacreBLEU against the raw references.
-    Writes the translations, one per line in the split's order, to `out_file` if given."""
+    Returns the scores and the translations, which also go to `out_file` (one per line) if given."""
     ids = decode_split(model, corpus.ids(split), cfg, device, autocast_dtype)
     hyps = corpus.tokenizer.decode(ids)
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
         out_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    return {**corpus_bleu(hyps, corpus.texts(split, "tgt")), "sentences": len(hyps)}
+    return {**corpus_bleu(hyps, corpus.texts(split, "tgt")), "sentences": len(hyps)}, hyps

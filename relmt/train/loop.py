@@ -15,6 +15,7 @@ import logging
 import math
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -30,6 +31,7 @@ from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import prepare
 from relmt.data.tokenizer import PAD_ID
 from relmt.errors import UserError
+from relmt.evaluate.score import bucketed_bleu
 from relmt.evaluate.scoring import split_loss, translate_split
 from relmt.model.transformer import build_model
 from relmt.train import checkpoint, distributed
@@ -63,12 +65,16 @@ def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | 
 
 @contextmanager
 def stop_signals():
-    """SIGTERM / SIGINT set a flag; the loop finishes its update, saves last.pt and returns."""
+    """SIGTERM / SIGINT set a flag; the loop finishes its update, saves last.pt and returns.
+    (Only the main thread may install handlers; a sweep worker thread keeps the defaults.)"""
     received: dict[str, str] = {}
 
     def handler(signum, frame):
         received["signal"] = signal.Signals(signum).name
 
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield received
@@ -212,7 +218,7 @@ def train(cfg: Config) -> dict:
         if dist.is_main:
             valid = split_loss(model, corpus, "valid", tcfg.max_tokens, tcfg.label_smoothing, dist.device, amp)
             if tcfg.valid_bleu:
-                valid.update(translate_split(model, corpus, "valid", cfg.decode, dist.device, amp))
+                valid.update(translate_split(model, corpus, "valid", cfg.decode, dist.device, amp)[0])
             record("valid", valid)
             log.info("step %d | valid loss %.3f | ppl %.2f%s", state.step, valid["loss"], valid["ppl"],
                      f" | BLEU {valid['bleu']:.2f}" if "bleu" in valid else "")
@@ -276,15 +282,25 @@ def train(cfg: Config) -> dict:
                     "train.resume=true hydra.run.dir=%s", received.get("signal", "a signal on another rank"),
                     state.step, last, out)
     elif dist.is_main:
-        best = ckpt_dir / "best.pt"
-        if tcfg.test_checkpoint == "best" and best.is_file():
-            checkpoint.load_model_state(model, checkpoint.load(best)["model"], best)
-        metrics["test_checkpoint"] = str(best if tcfg.test_checkpoint == "best" and best.is_file() else last)
-        metrics["test"] = {
-            split: translate_split(model, corpus, split, cfg.decode, dist.device, amp,
-                                   out_file=out / "translations" / f"{split}.{cfg.data.tgt}")
-            for split in corpus.splits if split not in ("train", "valid")
-        }
+        if tcfg.average_last:  # Shaw §4.1: the big model averages its last 20 checkpoints
+            averaged = checkpoint.average(checkpoint.step_files(ckpt_dir)[-tcfg.average_last:])
+            checkpoint.save(averaged, ckpt_dir, ["averaged.pt"])
+            metrics["averaged"] = averaged["averaged"]
+        test_ckpt = ckpt_dir / f"{tcfg.test_checkpoint}.pt"
+        if test_ckpt.is_file() and test_ckpt != last:
+            checkpoint.load_model_state(model, checkpoint.load(test_ckpt)["model"], test_ckpt)
+        metrics["test_checkpoint"] = str(test_ckpt if test_ckpt.is_file() else last)
+        metrics["test"], hyps, splits = {}, [], [s for s in corpus.splits if s not in ("train", "valid")]
+        for split in splits:
+            out_file = out / "translations" / f"{split}.{cfg.data.tgt}"
+            metrics["test"][split], split_hyps = translate_split(model, corpus, split, cfg.decode, dist.device,
+                                                                 amp, out_file)
+            hyps += split_hyps
+        if splits:  # length generalisation: BLEU by source length over all test splits together
+            refs = [r for s in splits for r in corpus.texts(s, "tgt")]
+            srcs = [x for s in splits for x in corpus.texts(s, "src")]
+            metrics["by_source_length"] = {"splits": splits, "buckets": bucketed_bleu(
+                hyps, refs, srcs, tuple(cfg.data.length_buckets))}
     if dist.is_main:
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         history.close()
