@@ -1,0 +1,267 @@
+"""scripts/paper_tables.py on fabricated run directories with known numbers."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parents[1]
+SCRIPT = ROOT / "scripts" / "paper_tables.py"
+_spec = importlib.util.spec_from_file_location("paper_tables", SCRIPT)
+pt = importlib.util.module_from_spec(_spec)
+sys.modules["paper_tables"] = pt  # dataclasses look their module up in sys.modules
+_spec.loader.exec_module(pt)
+
+BUCKETS = ("1-8", "9-16", "17-24", "25-32", "33+")
+SENTENCES = (259, 241, 252, 248, 0)
+
+
+def make_run(root: Path, name: str, *, positions: str = "rel", k: int = 16, keys: bool = True, values: bool = True,
+             seed: int = 1, valid: float | None = None, test: float = 0.0, test_long: float | None = None,
+             buckets: tuple[float, ...] | None = None, status: str = "completed", data: str = "toy",
+             d_model: int = 128) -> Path:
+    """A run directory as relmt-train leaves it: config.yaml and metrics.json."""
+    run = root / name
+    run.mkdir(parents=True)
+    cfg = {"seed": seed, "data": {"name": data}, "decode": {"beam": 1},
+           "model": {"d_model": d_model, "positions": positions, "max_relative_position": k,
+                     "relative_keys": keys, "relative_values": values}}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    splits = {"test": {"bleu": test, "signature": "nrefs:1", "sentences": 500}}
+    if test_long is not None:
+        splits["test_long"] = {"bleu": test_long, "signature": "nrefs:1", "sentences": 500}
+    metrics = {"status": status, "steps": 400, "final_valid": {"loss": 1.0}, "test": splits}
+    if valid is not None:
+        metrics["final_valid"]["bleu"] = valid
+    if buckets is not None:
+        metrics["by_source_length"] = {"splits": list(splits), "buckets": [
+            {"bucket": b, "sentences": n, "bleu": None if n == 0 else v}
+            for b, n, v in zip(BUCKETS, SENTENCES, (*buckets, None))]}
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    return run
+
+
+def fabricate_sweep(root: Path) -> None:
+    """The layout of scripts/reproduce_toy.sh: the shared rel run (k=16, a^K a^V on) lives in positions/.
+
+    Designed outcomes on the test split: rel 81 ≥ abs 79 (held); k=0 11 < 0.5 × 81 (held);
+    k ≥ 2 spread 81 − 77 = 4 > 1.5 (did not hold); |a^K only 81 − 81| = 0 ≤ 1 (held);
+    test_long rel 30.5 > abs 22 (held); both − rel = 82.5 − 81 = 1.5 > 0.5 (did not hold)."""
+    pos = root / "positions"
+    for seed, (v, t, tl, b1) in enumerate([(77, 78, 20, 85), (79, 80, 24, 87)], start=1):
+        make_run(pos, f"abs_s{seed}", positions="abs", seed=seed, valid=v, test=t, test_long=tl,
+                 buckets=(b1, 70, 30, 20))
+    for seed, (v, t, tl, b1) in enumerate([(80, 80, 30, 88), (80, 82, 31, 88)], start=1):
+        make_run(pos, f"rel_s{seed}", positions="rel", seed=seed, valid=v, test=t, test_long=tl,
+                 buckets=(b1, 75, 40, 33))
+    for seed, t in enumerate([82, 83], start=1):
+        make_run(pos, f"both_s{seed}", positions="both", seed=seed, valid=81, test=t, test_long=31,
+                 buckets=(89, 76, 41, 34))
+    for k, scores in {0: (10, 12), 1: (70, 72), 2: (76, 78), 64: (80, 81)}.items():
+        for seed, t in enumerate(scores, start=1):
+            make_run(root / "k", f"k={k},seed={seed}", k=k, seed=seed, valid=t - 1, test=t, test_long=t / 2)
+    make_run(root / "k", "k=256,seed=1", k=256, seed=1, valid=1, test=1, status="interrupted")
+    for keys, values, scores in ((True, False, (80.5, 81.5)), (False, True, (75, 77)), (False, False, (12, 14))):
+        for seed, t in enumerate(scores, start=1):
+            make_run(root / f"kv_{keys}_{values}", f"seed={seed}", keys=keys, values=values, seed=seed, test=t,
+                     test_long=t / 2)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """Runs the script once on the fabricated sweep; returns (markdown, stdout, out dir, sweep dir)."""
+    root = tmp_path_factory.mktemp("runs")
+    sweep = root / "multirun" / "2024-01-01"
+    fabricate_sweep(sweep)
+    out = root / "report"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = pt.main([str(root / "multirun"), "--out", str(out), "--name", "toy", "--title", "Toy check",
+                      "--command", "scripts/reproduce_toy.sh"])
+    assert rc == 0
+    return (out / "toy.md").read_text(), buf.getvalue(), out, sweep
+
+
+def table_row(md: str, first_cells: str) -> str:
+    """The one markdown table row that starts with `first_cells`."""
+    rows = [line for line in md.splitlines() if line.startswith(f"| {first_cells} |")]
+    assert len(rows) == 1, (first_cells, rows)
+    return rows[0]
+
+
+def section(md: str, heading: str) -> str:
+    """Text from a heading line to the next heading of the same or higher level."""
+    level = heading.split(" ")[0]
+    start = md.index(heading + "\n") if (heading + "\n") in md else md.index(heading)
+    rest = md[start + len(heading):]
+    nxt = re.search(rf"^#{{1,{len(level)}}} ", rest, flags=re.M)
+    return rest[: nxt.start()] if nxt else rest
+
+
+def claim_verdicts(md: str) -> dict[str, str]:
+    verdicts = {}
+    for m in re.finditer(r"^- \*\*(.+?)\*\* \(.+?\): (held|did not hold)\. Criterion: (.+?)\. Measured:", md, re.M):
+        verdicts[m.group(1)] = m.group(2)
+    return verdicts
+
+
+def test_aggregate_is_mean_sample_std_and_n():
+    s = pt.aggregate([80.0, 82.0])
+    assert (s.mean, s.n) == (81.0, 2) and s.std == pytest.approx(math.sqrt(2))  # ddof=1: sqrt(((-1)^2+1^2)/1)
+    assert str(s) == "81.00 ± 1.41 (2)"
+    assert str(pt.aggregate([5.0, None])) == "5.00 ± 0.00 (1)"
+    assert pt.aggregate([None]) is None
+
+
+def test_header_names_sources_seeds_command_and_skipped_run(report):
+    md, stdout, _, sweep = report
+    assert md.startswith("# Toy check\n")
+    assert stdout == md
+    assert "Read 20 completed runs from" in md and "multirun`" in md
+    assert "seeds found: 1, 2." in md
+    assert "The runs were produced by: `scripts/reproduce_toy.sh`" in md
+    assert 'Skipped 1 run that is not "completed"' in md
+    assert f"`{sweep / 'k' / 'k=256,seed=1'}` (status \"interrupted\")" in md
+    assert "| 256 |" not in md  # the interrupted k=256 run is in no table
+
+
+def test_table1_positions_with_paper_numbers(report):
+    md = report[0]
+    assert "### Table 1 analogue: position representations (Shaw et al. 2018, Table 1)" in md
+    header = table_row(md, "positions")
+    assert header == ("| positions | valid BLEU | test BLEU | test_long BLEU | "
+                      "paper (base, WMT14 EN-DE newstest2014; a different dataset) |")
+    # abs: valid (77, 79), test (78, 80), test_long (20, 24): std sqrt(2) and sqrt(8).
+    assert table_row(md, "abs") == "| abs | 78.00 ± 1.41 (2) | 79.00 ± 1.41 (2) | 22.00 ± 2.83 (2) | 26.5 |"
+    assert table_row(md, "rel") == "| rel | 80.00 ± 0.00 (2) | 81.00 ± 1.41 (2) | 30.50 ± 0.71 (2) | 26.8 |"
+    assert table_row(md, "both") == "| both | 81.00 ± 0.00 (2) | 82.50 ± 0.71 (2) | 31.00 ± 0.00 (2) | – |"
+    # The kv-ablated rel runs (flags off) and other k are not in Table 1: rel has n = 2, not more.
+    assert "k_default = 16" in md
+
+
+def test_table2_k_rows_and_paper_numbers(report):
+    table = section(report[0], "### Table 2 analogue: clipping distance k (Shaw et al. 2018, Table 2)")
+    ks = [int(line.split("|")[1]) for line in table.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert ks == [0, 1, 2, 16, 64]
+    assert table_row(table, "0") == "| 0 | 10.00 ± 1.41 (2) | 11.00 ± 1.41 (2) | 5.50 ± 0.71 (2) | 12.5 |"
+    assert table_row(table, "1").endswith("| 25.5 |")
+    assert table_row(table, "2").endswith("| 25.8 |")
+    # The k = 16 row is the shared rel run of the positions comparison.
+    assert table_row(table, "16") == "| 16 | 80.00 ± 0.00 (2) | 81.00 ± 1.41 (2) | 30.50 ± 0.71 (2) | 25.8 |"
+    assert table_row(table, "64").startswith("| 64 | 79.50 ± 0.71 (2) | 80.50 ± 0.71 (2) |")
+    assert table_row(table, "64").endswith("| 25.9 |")
+    assert "paper (base, WMT14 EN-DE newstest2013; a different dataset and model)" in table
+
+
+def test_table3_kv_rows_in_paper_order(report):
+    table = section(report[0], "### Table 3 analogue: a^K and a^V (Shaw et al. 2018, Table 3)")
+    rows = [line for line in table.splitlines() if re.match(r"^\| (yes|no) \| (yes|no) \|", line)]
+    assert [r.split("|")[1:3] for r in rows] == [[" yes ", " yes "], [" yes ", " no "], [" no ", " yes "],
+                                                  [" no ", " no "]]
+    assert rows[0] == "| yes | yes | 80.00 ± 0.00 (2) | 81.00 ± 1.41 (2) | 30.50 ± 0.71 (2) | 25.8 |"
+    assert rows[1] == "| yes | no | – | 81.00 ± 0.71 (2) | 40.50 ± 0.35 (2) | 25.8 |"  # no valid BLEU: "–"
+    assert rows[2].endswith("| 76.00 ± 1.41 (2) | 38.00 ± 0.71 (2) | 25.3 |")
+    assert rows[3].endswith("| 12.5 |")
+
+
+def test_length_table(report):
+    table = section(report[0], "### BLEU by source length")
+    assert table_row(table, "source words") == "| source words | sentences | abs | rel | both |"
+    assert table_row(table, "1-8") == "| 1-8 | 259 | 86.00 ± 1.41 (2) | 88.00 ± 0.00 (2) | 89.00 ± 0.00 (2) |"
+    assert table_row(table, "25-32") == "| 25-32 | 248 | 20.00 ± 0.00 (2) | 33.00 ± 0.00 (2) | 34.00 ± 0.00 (2) |"
+    assert table_row(table, "33+") == "| 33+ | 0 | – | – | – |"
+    assert "test + test_long pooled" in table
+
+
+def test_claims_held_and_failed_as_designed(report):
+    md = report[0]
+    claims = section(md, "## Claims")
+    assert "our own choice for judging noisy small-scale runs" in claims
+    assert claim_verdicts(claims) == {
+        "rel ≥ abs": "held",
+        "k = 0 collapses": "held",
+        "k ≥ 2 saturates": "did not hold",
+        "a^K alone is about as good as both": "held",
+        "rel beats abs on longer sentences than seen in training": "held",
+        "both gives no further gain over rel": "did not hold",
+    }
+    assert "Criterion: BLEU(k=0) < 0.5 × BLEU(k=16) on test. Measured: k=0 11.00, k=16 81.00, 0.5 × k=16 40.50." \
+        in claims
+    assert "max − min of mean BLEU over k ≥ 2 (k = 2, 16, 64) ≤ 1.5 on test" in claims and "spread 4.00" in claims
+    assert "Measured: both 82.50, rel 81.00, both − rel 1.50." in claims
+    assert "mean BLEU(rel) > mean BLEU(abs) on test_long. Measured: rel 30.50, abs 22.00." in claims
+
+
+def test_plots_written_and_linked(report):
+    md, _, out, _ = report
+    for name in ("toy_k.png", "toy_length.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000
+        assert f"]({name})" in md
+
+
+def test_json_has_the_aggregates(report):
+    _, _, out, sweep = report
+    doc = json.loads((out / "toy.json").read_text())
+    assert doc["seeds"] == [1, 2] and len(doc["runs"]) == 20
+    assert doc["skipped"] == [{"dir": str(sweep / "k" / "k=256,seed=1"), "reason": 'status "interrupted"'}]
+    (group,) = doc["groups"]
+    assert (group["data"], group["model"], group["k_default"], group["splits"]) == ("toy", "toy", 16,
+                                                                                    ["test", "test_long"])
+    rel = next(r for r in group["tables"]["positions"]["rows"] if r["positions"] == "rel")
+    assert rel["bleu"]["test"]["mean"] == pytest.approx(81.0)
+    assert rel["bleu"]["test"]["std"] == pytest.approx(math.sqrt(2))
+    assert rel["bleu"]["test"]["n"] == 2 and rel["paper"] == 26.8 and rel["seeds"] == [1, 2]
+    assert [r["k"] for r in group["tables"]["k"]["rows"]] == [0, 1, 2, 16, 64]
+    kv = group["tables"]["kv"]["rows"][1]
+    assert (kv["relative_keys"], kv["relative_values"], kv["bleu"]["valid"]) == (True, False, None)
+    held = {c["name"]: c["held"] for c in group["claims"]}
+    assert held["k ≥ 2 saturates"] is False and held["rel ≥ abs"] is True
+    spread = next(c for c in group["claims"] if c["name"] == "k ≥ 2 saturates")["measured"]["spread"]
+    assert spread == pytest.approx(4.0)
+
+
+def test_groups_by_data_and_model_with_their_paper_cells(tmp_path, capsys):
+    make_run(tmp_path, "ende_abs", positions="abs", data="wmt14_en_de", d_model=512, test=26.0)
+    make_run(tmp_path, "ende_rel", positions="rel", data="wmt14_en_de", d_model=512, test=26.2)
+    make_run(tmp_path, "enfr_big_rel", positions="rel", k=8, data="wmt14_en_fr", d_model=1024, test=40.0)
+    make_run(tmp_path, "ende_small_rel", positions="rel", data="wmt_t2t_en_de", d_model=256, test=20.0)
+    assert pt.main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "wmt"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("# Results\n")
+    ende = section(md, "## wmt14_en_de (EN-DE), base model (d_model 512)")
+    assert "paper (base, WMT14 EN-DE newstest2014) |" in ende
+    assert table_row(ende, "abs") == "| abs | – | 26.00 ± 0.00 (1) | 26.5 |"
+    assert table_row(ende, "rel") == "| rel | – | 26.20 ± 0.00 (1) | 26.8 |"
+    enfr = section(md, "## wmt14_en_fr (EN-FR), big model (d_model 1024)")
+    assert "k_default = 8" in enfr and table_row(enfr, "rel").endswith("| 41.5 |")
+    small = section(md, "## wmt_t2t_en_de (EN-DE), small model (d_model 256)")
+    assert "no small model in the paper" in small and table_row(small, "rel").endswith("| – |")
+    assert "Table 2 analogue" not in md and "Table 3 analogue" not in md  # no sweeps, no ablation tables
+    # Only rel ≥ abs can be checked, and only for EN-DE base: 26.2 ≥ 26.0.
+    assert claim_verdicts(md) == {"rel ≥ abs": "held"}
+
+
+def test_empty_directory_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert pt.main([str(tmp_path / "empty"), "--out", str(tmp_path / "out"), "--name", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "no run directories" in err and "metrics.json and config.yaml" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_exit_code_2_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--out", str(tmp_path / "o"), "--name", "x"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "error: no run directories" in proc.stderr and "Traceback" not in proc.stderr
