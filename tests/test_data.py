@@ -119,6 +119,8 @@ def test_prepare_encodes_caches_and_reuses(tmp_path, corpus_dir, caplog):
     assert again.dir == corpus.dir and "loaded cached data" in caplog.text
     # other settings or edited files give another cache entry
     assert cache_key(text_cfg(tmp_path, vocab_size=50)) != cache_key(cfg)
+    # settings that do not change the encoded data share the entry
+    assert cache_key(text_cfg(tmp_path, length_buckets=[5, 50], num_proc=2)) == cache_key(cfg)
     write_text(corpus_dir, "test", EN[3:7], DE[3:7])
     assert prepare(text_cfg(tmp_path)).dir != corpus.dir
 

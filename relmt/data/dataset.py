@@ -88,8 +88,10 @@ def _local_files(path: str | None) -> list[tuple[str, int, int]]:
 
 
 def cache_key(cfg: DataConfig) -> str:
-    """A hash of everything that decides the prepared data (not num_proc or cache_dir)."""
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("num_proc", "cache_dir", "name")}
+    """A hash of everything that decides the prepared data (not num_proc, cache_dir or the
+    evaluation-only length_buckets)."""
+    ignored = ("num_proc", "cache_dir", "name", "length_buckets")
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ignored}
     if cfg.source != Source.toy:
         settings.pop("toy")
     else:
