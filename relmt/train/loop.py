@@ -27,7 +27,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from relmt.config import BestMetric, Config, Precision, to_dict
-from relmt.data.batching import BatchSampler, collate
+from relmt.data.batching import Batch, BatchSampler, collate
 from relmt.data.dataset import prepare
 from relmt.data.tokenizer import PAD_ID
 from relmt.errors import UserError
@@ -87,6 +87,42 @@ def improved(value: float, best: float | None, metric: BestMetric) -> bool:
     return best is None or (value > best if metric == BestMetric.bleu else value < best)
 
 
+def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, batches: list[Batch], lr: float, label_smoothing: float,
+               amp: torch.dtype | None, dist: distributed.Dist, ddp: DistributedDataParallel | None = None,
+               clip_norm: float = 0.0) -> tuple[float, float, float, float, float]:
+    """One update: forward and backward over `batches` (micro-batches on the device), then one
+    optimizer step at learning rate `lr`, unless the summed loss is NaN/inf (then no step).
+
+    `net` is what runs the forward (model, its DDP wrapper, or a compiled one); `model` owns the
+    parameters. Returns (smoothed loss, nll, target tokens, source tokens) summed over ranks, and
+    the gradient norm before clipping (NaN when the step was skipped).
+    """
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    sums = [0.0, 0.0, 0, 0]
+    for j, batch in enumerate(batches):
+        with ddp.no_sync() if ddp is not None and j < len(batches) - 1 else nullcontext():
+            with torch.autocast(dist.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = net(batch.src, batch.tgt_in)
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out, label_smoothing)
+            scaler.scale(loss).backward()
+        sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.n_tgt_tokens,
+                sums[3] + batch.n_src_tokens]
+    loss_sum, nll_sum, n_tgt, n_src = distributed.all_reduce_sum(sums, dist)
+    grad_norm = math.nan
+    if math.isfinite(loss_sum):
+        # DDP averaged the gradients over ranks; make them d(sum of losses) / (target tokens).
+        params = [p for p in model.parameters() if p.grad is not None]
+        scaler.unscale_(optimizer)
+        torch._foreach_mul_([p.grad for p in params], dist.world_size / n_tgt)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf).item()
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, nll_sum, n_tgt, n_src, grad_norm
+
+
 def train(cfg: Config) -> dict:
     """Train as configured; returns (and writes to out_dir/metrics.json) the run's figures."""
     t_start = time.perf_counter()
@@ -141,7 +177,6 @@ def train(cfg: Config) -> dict:
 
     ddp = DistributedDataParallel(model) if dist.world_size > 1 else None
     net = torch.compile(ddp or model) if tcfg.compile else (ddp or model)
-    params = [p for p in model.parameters() if p.requires_grad]
     writer = SummaryWriter(str(out / "tb")) if dist.is_main else None
     history = (out / "metrics.jsonl").open("a") if dist.is_main else None
     bar = tqdm(total=tcfg.max_steps or None, initial=state.step, unit="step", dynamic_ncols=True,
@@ -166,41 +201,22 @@ def train(cfg: Config) -> dict:
             checkpoint.prune(ckpt_dir, tcfg.keep_last)
 
     def update(group: list, lr: float) -> tuple[float, float, float, float, float]:
-        """Forward and backward over the micro-batches of one update, then one optimizer step.
-        Returns (smoothed loss, nll, target tokens, source tokens) summed over ranks, and |grad|."""
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        sums = [0.0, 0.0, 0, 0]
-        for j, index in enumerate(group):
-            batch = collate(train_ids, index).to(dist.device)
-            with ddp.no_sync() if ddp is not None and j < len(group) - 1 else nullcontext():
-                with torch.autocast(dist.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                    logits = net(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_nll(logits, batch.tgt_out, tcfg.label_smoothing)
-                scaler.scale(loss).backward()
-            sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.n_tgt_tokens,
-                    sums[3] + batch.n_src_tokens]
-        loss_sum, nll_sum, n_tgt, n_src = distributed.all_reduce_sum(sums, dist)
-        grad_norm = math.nan
-        if math.isfinite(loss_sum):
-            # DDP averaged the gradients over ranks; make them d(sum of losses) / (target tokens).
-            scaler.unscale_(optimizer)
-            torch._foreach_mul_([p.grad for p in params if p.grad is not None], dist.world_size / n_tgt)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.clip_norm or math.inf).item()
-            scaler.step(optimizer)
-            scaler.update()
+        """One update over micro-batches `group`; NaN/inf losses skip it, and too many in a row stop."""
+        batches = [collate(train_ids, index).to(dist.device) for index in group]
+        out = train_step(model, net, optimizer, scaler, batches, lr, tcfg.label_smoothing, amp, dist, ddp,
+                         tcfg.clip_norm)
+        if math.isfinite(out[0]):
             state.bad_in_row = 0
         else:
             state.bad_in_row, state.bad_total = state.bad_in_row + 1, state.bad_total + 1
-            log.warning("step %d: loss is %s; update skipped (%d in a row)", state.step + 1, loss_sum,
+            log.warning("step %d: loss is %s; update skipped (%d in a row)", state.step + 1, out[0],
                         state.bad_in_row)
             if state.bad_in_row >= tcfg.max_bad_steps:
                 raise UserError(
                     f"the loss was NaN/inf for {state.bad_in_row} updates in a row (step {state.step + 1}, lr "
                     f"{lr:.3g}, precision {tcfg.precision.value}): lower train.lr, set train.clip_norm, or "
                     f"use train.precision=fp32; the last checkpoint is {last}")
-        optimizer.zero_grad(set_to_none=True)
-        return loss_sum, nll_sum, n_tgt, n_src, grad_norm
+        return out
 
     def log_window(w: dict, lr: float) -> None:
         stats = {"loss": w["loss"] / w["tgt"], "nll": w["nll"] / w["tgt"],
