@@ -43,8 +43,45 @@ def test_label_smoothed_loss_matches_torch(eps):
     flat_logits, flat_target = logits.reshape(-1, 11), target.reshape(-1)
     ref = F.cross_entropy(flat_logits, flat_target, ignore_index=0, reduction="sum", label_smoothing=eps)
     ref_nll = F.cross_entropy(flat_logits, flat_target, ignore_index=0, reduction="sum")
-    torch.testing.assert_close(loss.double(), ref)
-    torch.testing.assert_close(nll.double(), ref_nll)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, ref_nll)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_label_smoothed_loss_gradient_matches_autograd_reference(eps):
+    """The written-out backward against autograd through the naive float64 formula, for weighted
+    loss and nll outputs (both can carry gradient), padding rows included."""
+    torch.manual_seed(1)
+    logits = torch.randn(4, 6, 13, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (4, 6))
+    target[0, 2:] = 0
+    target[3, 5] = 0
+
+    def naive(x):
+        lp = torch.log_softmax(x, dim=-1)
+        keep = target != 0
+        nll = -lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep].sum()
+        return (1 - eps) * nll - eps * lp.mean(-1)[keep].sum(), nll
+
+    loss, nll = label_smoothed_nll(logits, target, eps)
+    grad = torch.autograd.grad(0.7 * loss + 0.3 * nll, logits)[0]
+    ref_loss, ref_nll = naive(logits)
+    ref = torch.autograd.grad(0.7 * ref_loss + 0.3 * ref_nll, logits)[0]
+    torch.testing.assert_close(grad, ref, rtol=1e-12, atol=1e-12)
+    assert grad[0, 2:].abs().max() == 0  # padding rows get no gradient
+    assert torch.autograd.gradcheck(lambda x: label_smoothed_nll(x, target, eps), (logits,))
+
+
+def test_label_smoothed_loss_low_precision_logits_get_float32_math_and_own_dtype_grad():
+    logits = torch.randn(2, 3, 7).to(torch.bfloat16).requires_grad_()
+    target = torch.tensor([[1, 2, 3], [4, 0, 0]])
+    loss, nll = label_smoothed_nll(logits, target, 0.1)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
+    ref = F.cross_entropy(logits.float().reshape(-1, 7), target.reshape(-1), ignore_index=0, reduction="sum",
+                          label_smoothing=0.1)
+    torch.testing.assert_close(loss, ref)
 
 
 # --- checkpoints -------------------------------------------------------------------------------------

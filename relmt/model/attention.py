@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from relmt.dropout import dropout
 from relmt.model.positions import RelativePositions
 
 
@@ -109,7 +110,7 @@ class MultiHeadAttention(nn.Module):
             scores = scores + rel.key_logits(q, index)
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
-        attn = F.dropout(torch.softmax(scores, dim=-1), p=p, training=p > 0)  # alpha_ij
+        attn = dropout(torch.softmax(scores, dim=-1), p)  # alpha_ij
         # Shaw §3.1 eq. (3): z_i = sum_j alpha_ij (x_j W^V + a^V_ij)
         return torch.matmul(attn, v) + rel.value_term(attn, index)
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relmt.config import ModelConfig, Norm
+from relmt.dropout import Dropout
 from relmt.model.attention import MultiHeadAttention
 from relmt.model.cache import DecoderCache, LayerCache
 from relmt.model.positions import RelativePositions, sinusoidal_encoding
@@ -26,7 +27,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         for lin in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -35,7 +36,7 @@ class FeedForward(nn.Module):
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
 
 
-def residual(x: Tensor, y: Tensor, dropout: nn.Dropout, norm: nn.LayerNorm, pre_norm: bool) -> Tensor:
+def residual(x: Tensor, y: Tensor, dropout: Dropout, norm: nn.LayerNorm, pre_norm: bool) -> Tensor:
     """x + dropout(y) (Vaswani §5.4), then LayerNorm for post-norm; pre-norm normalised the input."""
     x = x + dropout(y)
     return x if pre_norm else norm(x)
@@ -51,7 +52,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(d_model, d_ff, activation_dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
@@ -75,7 +76,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.norm3 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
@@ -113,7 +114,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end in a LayerNorm; post-norm layers already normalise their output.
         self.encoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.embed_dropout = nn.Dropout(dropout)
+        self.embed_dropout = Dropout(dropout)
         self.embed_scale = math.sqrt(d_model)
         self.absolute = absolute
         self.pad_id = pad_id
