@@ -31,6 +31,7 @@ from relmt.data.tokenizer import PAD_ID
 from relmt.decode.translator import Translator
 from relmt.model.positions import PosKind
 from relmt.model.transformer import build_model
+from relmt.runtime import tune_cpu
 from relmt.train.distributed import resolve_device
 
 
@@ -103,10 +104,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--per-step", action="store_true", help="record decoder time per step number")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--no-tune-cpu", action="store_true",
+                    help="leave malloc and denormals at their defaults (relmt.runtime.tune_cpu is not called)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--md", type=Path)
     args = ap.parse_args()
     device = resolve_device(args.device)
+    tuned = {} if args.no_tune_cpu else tune_cpu()
     translators, sentences = load_translators(args, device)
 
     rows, per_step = [], {}
@@ -149,7 +153,7 @@ def main() -> None:
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     if args.out:
         write_json(args.out, {"command": command_line(), "hardware": hw, "settings": settings, "rows": rows,
-                              "per_step_seconds": per_step})
+                              "per_step_seconds": per_step, "cpu_tuning": tuned})
     if args.md:
         models = ("trained checkpoints" if args.checkpoint_abs or args.checkpoint_rel else
                   f"untrained models of one shape ({args.layers}+{args.layers} layers, d_model {args.d_model}, "

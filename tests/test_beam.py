@@ -58,7 +58,7 @@ def test_can_stop_by_hand():
 # --- a hand-built case with a stub model (transitions depend on the last token) -----------------
 
 class StubCache:
-    def select(self, index):
+    def select(self, rows, sentences=None):
         return self
 
 

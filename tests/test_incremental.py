@@ -71,9 +71,31 @@ def test_cached_decoding_after_select(mode):
     memory, src_mask = model.encode(src)
     cache = run_steps(model, tgt, memory, src_mask, None, 0, 4)
     order = torch.tensor([2, 0, 0, 1])
-    cache = cache.select(order)
+    cache = cache.select(order, order)
     assert cache.length == 4 and cache.batch_size == 4
     run_steps(model, tgt[order], memory[order], src_mask[order], cache, 4, tgt.shape[1])
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hypotheses_share_their_sentence_memory(mode):
+    """K hypotheses per sentence against one copy of its memory (as beam search decodes) give
+    what the same rows give against the memory repeated K times, cached and full, and after the
+    hypotheses are reordered within their sentences."""
+    model = make(mode)
+    src, tgt = batch()
+    memory, src_mask = model.encode(src)
+    k = 3
+    hyp_tgt = tgt.repeat_interleave(k, 0)
+    hyp_tgt[1::k, 2:] = torch.roll(hyp_tgt[1::k, 2:], 1, dims=1)  # beams of a sentence differ
+    hyp_tgt = hyp_tgt.masked_fill(tgt.repeat_interleave(k, 0) == PAD, PAD)
+    rep_memory, rep_mask = memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)
+    full = model.decode(hyp_tgt, rep_memory, rep_mask)
+    torch.testing.assert_close(model.decode(hyp_tgt, memory, src_mask), full, rtol=1e-12, atol=1e-12)
+    cache = run_steps(model, hyp_tgt, memory, src_mask, None, 0, 3)
+    rows = torch.arange(len(hyp_tgt)).view(-1, k).flip(1).reshape(-1)  # reverse each sentence's beams
+    run_steps(model, hyp_tgt[rows], memory, src_mask, cache.select(rows), 3, tgt.shape[1])
+    with pytest.raises(ValueError, match="hypotheses for"):
+        model.decode_step(hyp_tgt[:-1, 0], memory, src_mask, None, step=0)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

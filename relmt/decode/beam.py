@@ -70,8 +70,7 @@ def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id:
     k, pad_id = beam, model.pad_id
     memory, src_mask = model.encode(src)
     limit = max_lengths(src_mask, max_len_a, max_len_b)  # (B,) steps allowed per sentence
-    n = src.shape[0]
-    memory, src_mask = memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)  # (n*K, S, d)
+    n = src.shape[0]  # memory stays (n, S, d): the decoder shares it among a sentence's K beams
     tokens = src.new_full((n * k, 1), bos_id)  # (n*K, 1 + t): BOS + the live beams' outputs
     alive = torch.full((n, k), float("-inf"), device=src.device)
     alive[:, 0] = 0.0  # one live beam to start, so that the first step does not repeat it K times
@@ -122,9 +121,9 @@ def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id:
             keep_rows = (~done).repeat_interleave(k)
             sentence, limit, alive = sentence[~done], limit[~done], alive[~done]
             pool_scores, pool_tokens = pool_scores[~done], pool_tokens[~done]
-            tokens, memory, src_mask = tokens[keep_rows], memory[keep_rows], src_mask[keep_rows]
+            tokens, memory, src_mask = tokens[keep_rows], memory[~done], src_mask[~done]
             if use_cache:
-                cache = cache.select(keep_rows.nonzero().view(-1))
+                cache = cache.select(keep_rows.nonzero().view(-1), (~done).nonzero().view(-1))
             if not len(sentence):
                 break
     return results

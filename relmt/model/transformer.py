@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from relmt.config import ModelConfig, Norm
 from relmt.dropout import Dropout
 from relmt.model.attention import MultiHeadAttention
-from relmt.model.cache import DecoderCache, LayerCache
+from relmt.model.cache import DecoderCache, LayerCache, extend
 from relmt.model.positions import RelativePositions, sinusoidal_encoding
 
 
@@ -80,19 +80,26 @@ class DecoderLayer(nn.Module):
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
-                past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """x: (B, n, d_model), the target positions after the `past` ones (keys/values of the
-        earlier positions, (B, H, t, D) each, or None for a full teacher-forced pass).
+                past: tuple[Tensor, Tensor] | None = None, past_order: Tensor | None = None,
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x: (B*K, n, d_model), the target positions after the `past` ones (keys/values of the
+        earlier positions, (B*K, H, t, D) each, or None for a full teacher-forced pass) of K
+        hypotheses per source; past_order picks the past row of each hypothesis (None: row b);
+        cross_k, cross_v: (B, H, S, D); src_mask: (B, 1, 1, S).
         Returns the layer output and the self-attention keys/values of all t + n positions."""
         offset = 0 if past is None else past[0].shape[2]
         h = self.norm1(x) if self.pre_norm else x
         k, v = self.self_attn.project_kv(h)  # (B, H, n, D)
         if past is not None:
-            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+            k, v = extend(past[0], k, past_order), extend(past[1], v, past_order)
         y = self.self_attn(h, k, v, causal=True, q_offset=offset)
         x = residual(x, y, self.dropout, self.norm1, self.pre_norm)
         h = self.norm2(x) if self.pre_norm else x
-        y = self.cross_attn(h, cross_k, cross_v, mask=src_mask)
+        # Cross-attention has no positions (Shaw §3), so the K hypotheses of one sentence (rows
+        # grouped by sentence when cross_k has B rows and x has B*K) are K*n queries against one
+        # copy of that sentence's keys; beam search never repeats or reorders the source.
+        y = self.cross_attn(h.reshape(cross_k.shape[0], -1, h.shape[-1]), cross_k, cross_v, mask=src_mask)
+        y = y.view_as(h)
         x = residual(x, y, self.dropout, self.norm2, self.pre_norm)
         h = self.norm3(x) if self.pre_norm else x
         x = residual(x, self.ffn(h), self.dropout, self.norm3, self.pre_norm)
@@ -139,10 +146,19 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), src_mask
 
     def _logits(self, x: Tensor) -> Tensor:
-        return F.linear(self.decoder_norm(x), self.tgt_embed.weight)  # (B, T, V)
+        """(B, T, V) scores over the vocabulary, from the tied embedding (Vaswani §3.4). The weight is
+        zero-padded to a multiple of 16 rows for the matmul and the extra scores are cut off: the
+        same result, but an output row width like 3859 makes the GEMM up to 1.6x slower on CPU
+        (misaligned rows; docs/results/perf_log.md)."""
+        w = self.tgt_embed.weight
+        extra = -w.shape[0] % 16
+        if extra:
+            return F.linear(self.decoder_norm(x), F.pad(w, (0, 0, 0, extra)))[..., : w.shape[0]]
+        return F.linear(self.decoder_norm(x), w)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
-        """Teacher-forced pass. tgt_in: (B, T) = BOS + y, right-padded. Returns (B, T, V) logits."""
+        """Teacher-forced pass. tgt_in: (B*K, T) = BOS + y, right-padded, K >= 1 hypotheses per
+        sentence of memory (B, S, d_model) and src_mask (B, S). Returns (B*K, T, V) logits."""
         mask = src_mask[:, None, None, :]
         x = self._embed(self.tgt_embed, tgt_in)
         for layer in self.decoder_layers:
@@ -154,29 +170,35 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask)
 
-    def init_cache(self, memory: Tensor) -> DecoderCache:
-        """An empty cache holding each layer's cross-attention keys/values of `memory`."""
+    def init_cache(self, memory: Tensor, hypotheses: int | None = None) -> DecoderCache:
+        """An empty cache for `hypotheses` rows (default: one per sentence; K per sentence for a
+        beam of K), holding each layer's cross-attention keys/values of `memory` once."""
         layers = []
         for layer in self.decoder_layers:
             ck, cv = layer.cross_attn.project_kv(memory)  # (B, H, S, D)
-            empty = ck.new_zeros(ck.shape[0], ck.shape[1], 0, ck.shape[3])
+            empty = ck.new_zeros(hypotheses or ck.shape[0], ck.shape[1], 0, ck.shape[3])
             layers.append(LayerCache(empty, empty, ck, cv))
         return DecoderCache(tuple(layers))
 
     def decode_step(self, tokens: Tensor, memory: Tensor, src_mask: Tensor,
                     cache: DecoderCache | None = None, step: int = 0) -> tuple[Tensor, DecoderCache]:
-        """One incremental step. tokens: (B,) the token at target position `step`; cache holds
-        positions 0..step-1 (None at step 0). Returns (B, V) logits for position step+1 and the
-        cache extended by this position. The relative term uses the row of distances j - step."""
+        """One incremental step. tokens: (B*K,) the token at target position `step` of K >= 1
+        hypotheses per sentence of memory (B, S, d_model); cache holds positions 0..step-1 (None
+        at step 0). Returns (B*K, V) logits for position step+1 and the cache extended by this
+        position. The relative term uses the row of distances j - step."""
+        if tokens.shape[0] % memory.shape[0]:
+            raise ValueError(f"decode_step: {tokens.shape[0]} hypotheses for {memory.shape[0]} sentences")
         if cache is None:
-            cache = self.init_cache(memory)
+            cache = self.init_cache(memory, tokens.shape[0])
         if cache.length != step:
             raise ValueError(f"decode_step(step={step}) got a cache holding {cache.length} positions")
+        if cache.batch_size != tokens.shape[0]:
+            raise ValueError(f"decode_step: {tokens.shape[0]} tokens for a cache of {cache.batch_size} hypotheses")
         mask = src_mask[:, None, None, :]
-        x = self._embed(self.tgt_embed, tokens[:, None], offset=step)  # (B, 1, d_model)
+        x = self._embed(self.tgt_embed, tokens[:, None], offset=step)  # (B*K, 1, d_model)
         layers = []
         for layer, lc in zip(self.decoder_layers, cache.layers):
-            x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, past=(lc.self_k, lc.self_v))
+            x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, (lc.self_k, lc.self_v), cache.order)
             layers.append(LayerCache(k, v, lc.cross_k, lc.cross_v))
         return self._logits(x)[:, 0], DecoderCache(tuple(layers))
 
