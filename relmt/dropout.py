@@ -1,9 +1,9 @@
 """Dropout (Srivastava et al. 2014; Vaswani §5.4) with cheap masks on CPU.
 
-`nn.Dropout` on CPU draws one Bernoulli sample per element (`bernoulli_`): about 7 ns each on
-these machines, a sixth of a training step of the small model (docs/results/perf_log.md). Here one
-64-bit draw of the default generator gives four 16-bit lanes, so one draw decides four elements,
-and the keep mask is one comparison. The drop probability is rounded to a multiple of 2^-15
+`nn.Dropout` on CPU draws one Bernoulli sample per element (`bernoulli_`), which a profile of a
+small-model training step showed as the largest cost after the matmuls (docs/results/perf_log.md).
+Here one 64-bit draw of the default generator gives four 16-bit lanes, so one draw decides four
+elements, and the keep mask is one comparison. The drop probability is rounded to a multiple of 2^-15
 (p = 0.1 becomes 0.100006), and kept elements are scaled by 1 / (1 - that p), so the expectation
 is exact. Masks come from torch's default CPU generator, so seeding and checkpointed RNG state
 reproduce them. Off CPU, `F.dropout` (a fused kernel there) is used unchanged.

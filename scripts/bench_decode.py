@@ -57,19 +57,23 @@ def load_translators(args: argparse.Namespace, device: torch.device) -> tuple[di
 
 
 class StepTimer:
-    """Wraps model.decode_step to add up its wall time per step number."""
+    """Wraps model.decode_step to add up, per step number, its wall time and the hypotheses
+    (beam rows) it advanced."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.model, self.device, self.inner = model, device, model.decode_step
         self.seconds: dict[int, float] = defaultdict(float)
+        self.rows: dict[int, int] = defaultdict(int)
 
     def __enter__(self) -> StepTimer:
-        def timed(*a, **kw):
+        def timed(tokens, *a, **kw):
             t0 = time.perf_counter()
-            out = self.inner(*a, **kw)
+            out = self.inner(tokens, *a, **kw)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            self.seconds[kw.get("step", a[4] if len(a) > 4 else 0)] += time.perf_counter() - t0
+            step = kw.get("step", a[3] if len(a) > 3 else 0)
+            self.seconds[step] += time.perf_counter() - t0
+            self.rows[step] += tokens.shape[0]
             return out
 
         self.model.decode_step = timed
@@ -77,6 +81,33 @@ class StepTimer:
 
     def __exit__(self, *exc) -> None:
         del self.model.decode_step
+
+    def summary(self) -> dict[str, dict[int, float]]:
+        steps = sorted(self.seconds)
+        return {"seconds": {t: self.seconds[t] for t in steps}, "rows": {t: self.rows[t] for t in steps},
+                "us_per_token": {t: 1e6 * self.seconds[t] / self.rows[t] for t in steps}}
+
+
+def plot_per_step(per_step: dict[str, dict], path: Path) -> None:
+    """Decoder time per output token (one hypothesis advanced by one position) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, stats in per_step.items():
+        steps = sorted(stats["us_per_token"])
+        ax.plot([t + 1 for t in steps], [stats["us_per_token"][t] for t in steps], marker=".", label=name)
+    ax.set_xlabel("output position (decoder step)")
+    ax.set_ylabel("decoder time per token (µs)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -103,6 +134,7 @@ def main() -> None:
     ap.add_argument("--regimes", nargs="+", default=["forced"], choices=["forced", "free"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--per-step", action="store_true", help="record decoder time per step number")
+    ap.add_argument("--plot", type=Path, help="with --per-step: draw time per output token against the step (PNG)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-tune-cpu", action="store_true",
                     help="leave malloc and denormals at their defaults (relmt.runtime.tune_cpu is not called)")
@@ -136,7 +168,7 @@ def main() -> None:
             if args.per_step:
                 with StepTimer(translator.model, device) as timer:
                     translator.hypotheses(sentences, **decode)
-                per_step[f"{regime}/{kind}"] = dict(sorted(timer.seconds.items()))
+                per_step[f"{regime}/{kind}"] = timer.summary()
             print(f"{regime:6s} {kind}: {rows[-1]['sentences_per_s']:.1f} sent/s, "
                   f"{rows[-1]['tgt_tokens_per_s']:.0f} tgt tok/s ({seconds:.2f}s)", flush=True)
         by_kind = {r["positions"]: r for r in rows if r["regime"] == regime}
@@ -151,6 +183,8 @@ def main() -> None:
     hw = hardware(device)
     print("\n" + table)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    if args.plot and per_step:
+        plot_per_step(per_step, args.plot)
     if args.out:
         write_json(args.out, {"command": command_line(), "hardware": hw, "settings": settings, "rows": rows,
                               "per_step_seconds": per_step, "cpu_tuning": tuned})

@@ -54,4 +54,55 @@ def test_bench_decode_runs(tmp_path):
     payload = json.loads(out.read_text())
     assert {r["positions"] for r in payload["rows"]} == {"abs", "rel"}
     assert all(r["avg_output_tokens"] == 5 for r in payload["rows"])
-    assert len(payload["per_step_seconds"]["forced/rel"]) == 5
+    steps = payload["per_step_seconds"]["forced/rel"]
+    assert len(steps["seconds"]) == 5 and all(rows == 6 * 4 for rows in steps["rows"].values())
+
+
+def word_corpus(folder: Path, langs=("src", "tgt"), sizes=(("train", 60), ("valid", 6), ("test", 6))) -> Path:
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        for lang, shift in zip(langs, (0, 3)):
+            lines = [" ".join(words[(i + shift + j) % 10] for j in range(2 + i % 6)) for i in range(n)]
+            (folder / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_bench_train_and_perf_report_run(tmp_path):
+    corpus = word_corpus(tmp_path / "corpus")
+    train_json = tmp_path / "t.json"
+    run_script("bench_train.py", "--text-dir", str(corpus), "--sizes", "tiny", "--steps", "2", "--warmup", "1",
+               "--max-tokens", "256", "--peak-n", "64", "--cache-dir", str(tmp_path / "cache"),
+               "--out", str(train_json), "--md", str(tmp_path / "t.md"))
+    train = json.loads(train_json.read_text())
+    assert [r["positions"] for r in train["rows"]] == ["abs", "rel", "both"]
+    for r in train["rows"]:
+        assert r["tgt_tokens_per_s"] > 0 and r["src_tgt_tokens_per_s"] > r["tgt_tokens_per_s"]
+        assert r["flops_per_token"] > 0 and 0 < r["mfu"]
+    assert train["rows"][0]["over_abs_step_time"] == 1.0
+    assert train["vocab_size"] == 10 + 4 and train["cpu_tuning"]["flush_denormal"] is True
+    assert "step time / abs" in (tmp_path / "t.md").read_text()
+
+    decode_json = tmp_path / "d.json"
+    run_script("bench_decode.py", "--text-dir", str(corpus), "--spm-model-type", "word", "--n", "6",
+               "--repeats", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--layers", "1",
+               "--forced-length", "4", "--per-step", "--plot", str(tmp_path / "steps.png"),
+               "--cache-dir", str(tmp_path / "cache"), "--out", str(decode_json))
+    assert (tmp_path / "steps.png").stat().st_size > 0
+    report = tmp_path / "perf.md"
+    run_script("perf_report.py", "--train", str(train_json), "--decode", str(decode_json), "--out", str(report))
+    text = report.read_text()
+    for goal in ("training, rel, target tokens/s", "rel / abs", "beam-4 decoding", "flat", "MFU"):
+        assert goal in text
+    rel = next(r for r in train["rows"] if r["positions"] == "rel")
+    assert f"{rel['tgt_tokens_per_s']:,.0f}" in text  # the measured figure, read from the JSON
+
+
+def test_perf_history_probes_a_commit(tmp_path):
+    corpus = word_corpus(tmp_path / "peer", sizes=(("train", 60), ("test", 5)))
+    out = tmp_path / "h.json"
+    run_script("perf_history.py", "HEAD", "--corpus", str(corpus), "--steps", "1", "--warmup", "0",
+               "--repeats", "1", "--max-tokens", "128", "--out", str(out), "--md", str(tmp_path / "h.md"))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["abs_ms"] > 0 and row["rel_ms"] > 0 and row["dec_rel"] > 0 and row["vocab"] == 14
+    assert "What each change is" in (tmp_path / "h.md").read_text()

@@ -25,6 +25,7 @@ from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from relmt.decode.beam import Hypothesis, beam_search
 from relmt.decode.search import source_batches
 from relmt.model.transformer import Transformer, build_model
+from relmt.runtime import tune_cpu
 from relmt.train import checkpoint
 from relmt.train.distributed import resolve_device
 
@@ -55,6 +56,7 @@ class Translator:
         model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID)
         checkpoint.load_model_state(model, ck["model"], path)
         dev = resolve_device(device)
+        tune_cpu()
         return cls(model.to(dev), tokenizer, cfg.decode, dev,
                    torch.bfloat16 if dev.type == "cuda" else None)
 

@@ -148,8 +148,8 @@ class Transformer(nn.Module):
     def _logits(self, x: Tensor) -> Tensor:
         """(B, T, V) scores over the vocabulary, from the tied embedding (Vaswani §3.4). The weight is
         zero-padded to a multiple of 16 rows for the matmul and the extra scores are cut off: the
-        same result, but an output row width like 3859 makes the GEMM up to 1.6x slower on CPU
-        (misaligned rows; docs/results/perf_log.md)."""
+        same result, but an odd output row width (a vocabulary of 3,859, say) makes the CPU GEMM
+        much slower (misaligned rows; docs/results/perf_log.md)."""
         w = self.tgt_embed.weight
         extra = -w.shape[0] % 16
         if extra:

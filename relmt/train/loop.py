@@ -34,6 +34,7 @@ from relmt.errors import UserError
 from relmt.evaluate.score import bucketed_bleu
 from relmt.evaluate.scoring import split_loss, translate_split
 from relmt.model.transformer import build_model
+from relmt.runtime import tune_cpu
 from relmt.train import checkpoint, distributed
 from relmt.train.loss import label_smoothed_nll
 from relmt.train.optim import build_optimizer, learning_rate
@@ -133,6 +134,7 @@ def train(cfg: Config) -> dict:
         logging.getLogger().setLevel(logging.WARNING)  # only rank 0 logs and saves
     if tcfg.num_threads:
         torch.set_num_threads(tcfg.num_threads)
+    tune_cpu()
     torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
 
     # Data: rank 0 builds the cache if needed, then every other rank loads it.
