@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# The main job: relative positions, the small model, the embedded toy corpus (configs/config.yaml).
+# The main job: relative positions, the toy model, the embedded toy corpus (configs/config.yaml).
 train: $(STAMP)
 	$(VENV)/bin/relmt-train
 

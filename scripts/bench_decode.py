@@ -95,8 +95,11 @@ def plot_per_step(per_step: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Free-running batches shrink as sentences finish, so their late steps time small batches, not
+    # the growing prefix: plot the forced regime when there is one.
+    forced = {k: v for k, v in per_step.items() if k.startswith("forced/")}
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, stats in per_step.items():
+    for name, stats in (forced or per_step).items():
         steps = sorted(stats["us_per_token"])
         ax.plot([t + 1 for t in steps], [stats["us_per_token"][t] for t in steps], marker=".", label=name)
     ax.set_xlabel("output position (decoder step)")
