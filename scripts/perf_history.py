@@ -147,7 +147,8 @@ def probe(commit: str, args: argparse.Namespace, root: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("commits", nargs="+")
+    ap.add_argument("commits", nargs="*")
+    ap.add_argument("--from-json", type=Path, help="re-render --md from a JSON this script wrote, probing nothing")
     ap.add_argument("--corpus", type=Path, default=Path("data/cache/peer-corpus"),
                     help="the peer corpus folder (scripts/bench_train.py --peer-corpus writes it here)")
     ap.add_argument("--max-tokens", type=int, default=8192)
@@ -158,8 +159,13 @@ def main() -> None:
     ap.add_argument("--md", type=Path)
     args = ap.parse_args()
     root = Path(git("rev-parse", "--show-toplevel"))
-    rows = []
-    for commit in args.commits:
+    rows, command, hw = [], command_line(), hardware()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        rows, command, hw = saved["rows"], saved["command"], saved["hardware"]
+    elif not args.commits:
+        ap.error("give COMMITS or --from-json")
+    for commit in args.commits if not args.from_json else []:
         r = probe(commit, args, root)
         rows.append({"commit": r["commit"], "subject": r["subject"], "abs_ms": r["train_ms"]["abs"],
                      "rel_ms": r["train_ms"]["rel"], "rel_over_abs": r["train_ms"]["rel"] / r["train_ms"]["abs"],
@@ -175,10 +181,9 @@ def main() -> None:
                ("train_speedup", "train rel speed-up"), ("dec_abs", "decode abs sent/s"),
                ("dec_rel", "decode rel sent/s"), ("decode_speedup", "decode rel speed-up")]
     table = markdown_table(rows, columns)
-    hw = hardware()
     print("\n" + table)
     if args.out:
-        write_json(args.out, {"command": command_line(), "hardware": hw, "settings": vars(args) | {
+        write_json(args.out, {"command": command, "hardware": hw, "settings": vars(args) | {
             "corpus": str(args.corpus), "out": str(args.out), "md": str(args.md)}, "rows": rows})
     if args.md:
         args.md.parent.mkdir(parents=True, exist_ok=True)
@@ -190,11 +195,15 @@ def main() -> None:
             f"({args.steps} timed after {args.warmup} warm-up, abs and rel alternating), and beam-4 decoding of "
             f"500 test sentences forced to 20 tokens (median of {args.repeats}). Speed-ups are against the row "
             "above. The final, full measurement is [perf_cpu.md](perf_cpu.md).\n\n"
-            f"- command: `{command_line()}`\n- hardware: {hw['cpu']}, {hw['torch_threads']} threads, torch "
+            f"- command: `{command}`\n- hardware: {hw['cpu']}, {hw['torch_threads']} threads, torch "
             f"{hw['torch']}\n- date: {hw['date']}\n\n{table}\n\n{NOTES}")
 
 
-NOTES = """## What each change is, and what led to it
+NOTES = """The rows were measured one after another on a shared 2-core virtual machine; differences of a
+few per cent between rows are within its run-to-run noise (the last row's training figure, for
+one: the same row's change measured neutral to slightly faster in paired bench_train.py runs).
+
+## What each change is, and what led to it
 
 A profile of one training step (`torch.profiler`, sorted by self time) and of a beam-4 decoding
 run pointed at each change; the changes are kept because the table shows they pay.
