@@ -12,6 +12,7 @@ reproduce them. Off CPU, `F.dropout` (a fused kernel there) is used unchanged.
 from __future__ import annotations
 
 import sys
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ _LANES = 4  # int16 lanes per int64 draw
 _BITS = 15  # random_() fills [0, 2^63): the most significant lane has 15 random bits, the others 16
 
 
+@lru_cache(maxsize=16)  # a handful of distinct p per model; built once, not at every call
 def _thresholds(p: float) -> tuple[Tensor, float]:
     """Per-lane int16 thresholds t (keep iff lane >= t) for drop probability p, and the exact p used."""
     drop = round(p * 2 ** _BITS)

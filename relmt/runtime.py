@@ -3,9 +3,9 @@
 - glibc's malloc serves every allocation above 32 MiB (and, by default, above a threshold that
   starts at 128 KiB) with a fresh mmap, and hands it back with munmap on free. Every new logits
   or FFN tensor then page-faults its memory in again, which costs more than a simple elementwise
-  pass over it. With mmap off and trimming off, freed blocks stay in
-  the heap and are reused, as PyTorch's CUDA caching allocator does on the GPU. The process keeps
-  its peak heap (RSS does not shrink after a peak).
+  pass over it. With mmap off and trimming off, freed blocks stay in the heap and are reused, as
+  PyTorch's CUDA caching allocator does on the GPU. The process keeps its peak heap (RSS does not
+  shrink after a peak).
 - Denormal floats are flushed to zero (`torch.set_flush_denormal`), which keeps arithmetic on
   tiny values (late-training Adam moments, rare-word gradients) at full speed.
 

@@ -199,9 +199,10 @@ def main() -> None:
             f"{hw['torch']}\n- date: {hw['date']}\n\n{table}\n\n{NOTES}")
 
 
-NOTES = """The rows were measured one after another on a shared 2-core virtual machine; differences of a
-few per cent between rows are within its run-to-run noise (the last row's training figure, for
-one: the same row's change measured neutral to slightly faster in paired bench_train.py runs).
+NOTES = """The rows were measured one after another on a shared 2-core virtual machine, so differences of a
+few per cent between rows may be run-to-run noise rather than the change (the last row's
+training figure among them: that commit changed decoding, and training only by the padded
+output weight).
 
 ## What each change is, and what led to it
 
@@ -218,9 +219,8 @@ run pointed at each change; the changes are kept because the table shows they pa
 - **runtime.tune_cpu**: every fresh large tensor (logits, FFN activations) paid for page faults,
   because glibc returns big blocks to the OS on free and maps them anew. Keeping freed memory in
   the heap (`mallopt`) removes that; denormal flushing is on as well (`relmt/runtime.py`). The
-  issue's lead (flushing denormals, 1.7x for a plain PyTorch model) did not reproduce on our
-  fresh models on its own (a bench_train.py run with only that flag set changed little): the
-  allocator was the cost here.
+  issue's lead (flushing denormals) is not measured on its own in this table; the profile pointed
+  at the allocator, not at denormals, for these freshly initialised models.
 - **decoding**: the cache reorder (`index_select`) was the largest cost of beam search. The
   source keys and values are now kept once per sentence and shared by its beams, the remaining
   self-attention reorder is fused into the next step's append, and the output projection runs

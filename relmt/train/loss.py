@@ -13,8 +13,8 @@ class _LabelSmoothedNLL(torch.autograd.Function):
     """Both sums from one log-softmax, with the gradient written out.
 
     Autograd through log_softmax, gather and mean would fill a zero (N, V) tensor for the gather,
-    broadcast the mean's gradient and run log_softmax's backward: about twice the passes over the
-    (tokens x vocabulary) logits of this closed form (docs/results/perf_log.md). For one row with
+    broadcast the mean's gradient and run log_softmax's backward: more passes over the
+    (tokens x vocabulary) logits than this closed form (docs/results/perf_log.md). For one row with
     p = softmax(x) and gold token t:
         d loss / dx = p - (1 - epsilon) onehot(t) - epsilon / V,    d nll / dx = p - onehot(t).
     """
