@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from relmt.errors import UserError
@@ -19,9 +19,14 @@ USAGE = {
     "relmt-prepare": "relmt-prepare [data=<name>] [data.key=value ...]\n"
                      "Build the sentencepiece vocabulary and the encoded data cache, and print a summary.",
     "relmt-translate": "relmt-translate checkpoint=PATH [input=FILE] [output=FILE] [beam=4] [lenpen=0.6] [nbest=1]\n"
-                       "                [max_tokens=N] [max_len_a=A] [max_len_b=B] [device=auto|cpu|cuda]\n"
-                       "Translate stdin (or input) line by line to stdout (or output). Unset decoding options come\n"
-                       "from the checkpoint's decode config. With nbest > 1 each line is `index<TAB>score<TAB>text`.",
+                       "                [max_tokens=N] [max_len_a=A] [max_len_b=B] [eos_candidates=t2t|fairseq]\n"
+                       "                [max_source_len=1024] [buffer_lines=2000] [precision=auto|fp32|bf16|fp16]\n"
+                       "                [device=auto|cpu|cuda]\n"
+                       "Translate stdin (or input) line by line to stdout (or output), buffer_lines lines at a time:\n"
+                       "each chunk is written, in input order, before the next is read. Unset decoding options come\n"
+                       "from the checkpoint's decode config, and precision from its train.precision. A source over\n"
+                       "max_source_len tokens is truncated with a warning naming its line (0 = no cap). With\n"
+                       "nbest > 1 each line is `index<TAB>score<TAB>text`, index counting input lines from 0.",
     "relmt-score": "relmt-score hyp=FILE ref=FILE [src=FILE] [lang=de] [buckets=[10,20,30,40,60]] [out=FILE.json]\n"
                    "sacreBLEU and chrF with signatures, paper-comparable tokenized BLEU (Moses + compound\n"
                    "splitting), and with src, BLEU by source length. Prints a summary; writes JSON to out.",
@@ -38,7 +43,8 @@ def format_error(e: BaseException) -> str:
         text = str(e).strip()
         if text and text not in messages:
             messages.append(text)
-        e = e.__cause__ or e.__context__
+        # `raise ... from None` sets __suppress_context__: the context is then not part of the story
+        e = e.__cause__ if e.__cause__ is not None else (None if e.__suppress_context__ else e.__context__)
     return "\n  ".join(messages)
 
 
@@ -47,8 +53,14 @@ def setup_logging(level: int = logging.INFO) -> None:
                         datefmt="%H:%M:%S", stream=sys.stderr)
 
 
+# Exit statuses, documented in the README. A scheduler should requeue EXIT_INTERRUPTED: the run
+# stopped on SIGTERM/SIGINT and continues with train.resume=true.
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 3
+
+
 def guarded(name: str, fn: Callable[[list[str]], None], argv: list[str] | None = None) -> int:
-    """Run a command; user errors become a message and exit status 2."""
+    """Run a command; user errors become a message and EXIT_USER_ERROR, Ctrl-C EXIT_INTERRUPTED."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -60,7 +72,10 @@ def guarded(name: str, fn: Callable[[list[str]], None], argv: list[str] | None =
         fn(argv)
     except (UserError, ValueError, HydraException, OmegaConfBaseException) as e:
         print(f"{name}: error: {format_error(e)}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
@@ -130,49 +145,110 @@ class TranslateArgs:
     checkpoint: str = "???"
     input: str = ""  # default: stdin
     output: str = ""  # default: stdout
+    # decoding: unset (None) keeps the checkpoint's decode config
     beam: int | None = None
     lenpen: float | None = None
     nbest: int = 1
     max_tokens: int | None = None
     max_len_a: float | None = None
     max_len_b: int | None = None
+    eos_candidates: str = ""  # t2t | fairseq
+    max_source_len: int | None = None
+    buffer_lines: int = 2000  # input lines read, translated and written at a time
+    precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
     device: str = "auto"
     progress: bool = True
 
 
-def read_input(path: str) -> list[str]:
-    """Lines of a file, or of stdin for '' or '-', with invalid UTF-8 reported by line number."""
+TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "nbest", "max_tokens", "max_len_a", "max_len_b", "eos_candidates",
+                         "max_source_len")
+
+
+def read_input(path: str, buffer_lines: int = 2000) -> Iterator[tuple[int, list[str]]]:
+    """(number of the first line, lines) for each run of `buffer_lines` lines of a file, or of stdin
+    for '' or '-'. A chunk is read only when asked for, so a caller that writes each chunk's output
+    before asking for the next keeps memory bounded and loses nothing done if stopped. Invalid UTF-8
+    (or a NUL) is reported by file and line number, counted from the start of the input."""
+    import contextlib
     from pathlib import Path
 
-    from relmt.data.sources import decode_lines, read_lines
+    from relmt.data.sources import decode_lines
 
-    if path in ("", "-"):
-        return decode_lines(sys.stdin.buffer.read(), "<stdin>")
-    return read_lines(Path(path))
+    stdin = path in ("", "-")
+    name = "<stdin>" if stdin else path
+    if not stdin and not Path(path).is_file():
+        raise UserError(f"input={path}: no such file")
+
+    def decode(raw: list[bytes], first: int) -> list[str]:
+        return decode_lines(b"".join(raw), name, first_line=first)
+
+    def chunks() -> Iterator[tuple[int, list[str]]]:
+        with contextlib.nullcontext(sys.stdin.buffer) if stdin else open(path, "rb") as stream:
+            first, raw = 1, []
+            for line in stream:  # binary lines end at b"\n" only, as decode_lines splits them
+                raw.append(line)
+                if len(raw) == buffer_lines:
+                    yield first, decode(raw, first)
+                    first, raw = first + len(raw), []
+            if raw:
+                yield first, decode(raw, first)
+
+    return chunks()
 
 
 def _translate(argv: list[str]) -> None:
+    from dataclasses import replace
+
+    from relmt.config import EosCandidates
     from relmt.decode.translator import Translator
 
     args = parse_args(TranslateArgs, argv)
     setup_logging(logging.WARNING)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
-    overrides = {k: getattr(args, k) for k in ("beam", "lenpen", "max_tokens", "max_len_a", "max_len_b")
-                 if getattr(args, k) is not None}
-    if args.nbest > overrides.get("beam", translator.decode.beam):
-        raise UserError(f"nbest={args.nbest} is more than the beam ({overrides.get('beam', translator.decode.beam)})")
-    lines = read_input(args.input)
-    results = translator.translate_nbest(lines, progress=args.progress and sys.stderr.isatty(),
-                                         nbest=args.nbest, **overrides)
-    if args.nbest == 1:
-        text = "".join((hyps[0][0] if hyps else "") + "\n" for hyps in results)
-    else:
-        text = "".join(f"{i}\t{score:.4f}\t{hyp}\n" for i, hyps in enumerate(results) for hyp, score in hyps)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    if args.buffer_lines < 1:
+        raise UserError(f"buffer_lines={args.buffer_lines}: must be >= 1")
+    if args.eos_candidates and args.eos_candidates not in {e.value for e in EosCandidates}:
+        raise UserError(f"eos_candidates={args.eos_candidates}: must be one of "
+                        f"{', '.join(e.value for e in EosCandidates)}")
+    chunks = read_input(args.input, args.buffer_lines)  # a missing input fails before the model loads
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=args.precision or None)
+    overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}
+    if "eos_candidates" in overrides:
+        overrides["eos_candidates"] = EosCandidates(overrides["eos_candidates"])
+    problem = ""
+    try:  # DecodeConfig's own checks, on the checkpoint's settings with the overrides applied
+        translator.decode = replace(translator.decode, **overrides)
+    except ValueError as e:
+        problem = str(e)
+    if problem:  # raised outside the except block, so that the message names the CLI key only once
+        key, _, message = problem.partition(": ")
+        key = key.removeprefix("decode.")
+        if key not in overrides:
+            raise UserError(f"{problem} (the checkpoint's decode config with the overrides {overrides})")
+        raise UserError(f"{key}={getattr(overrides[key], 'value', overrides[key])}: {message}")
+
+    from tqdm import tqdm
+
+    name = args.input if args.input not in ("", "-") else "<stdin>"
+    out = None
+    with tqdm(desc="translate", unit="line", disable=not (args.progress and sys.stderr.isatty())) as bar:
+        try:
+            for first, lines in chunks:
+                results = translator.translate_nbest(lines, name=name, first_line=first)
+                if translator.decode.nbest == 1:
+                    text = "".join((hyps[0][0] if hyps else "") + "\n" for hyps in results)
+                else:
+                    text = "".join(f"{first - 1 + i}\t{score:.4f}\t{hyp}\n"
+                                   for i, hyps in enumerate(results) for hyp, score in hyps)
+                if out is None:  # opened at the first output, so that bad input does not clobber it
+                    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+                out.write(text)
+                out.flush()  # a stopped job keeps every chunk written so far
+                bar.update(len(lines))
+            if out is None and args.output:  # empty input: an empty output file
+                out = open(args.output, "w", encoding="utf-8")
+        finally:
+            if out is not None and out is not sys.stdout:
+                out.close()
 
 
 def translate() -> None:
@@ -185,7 +261,7 @@ class ScoreArgs:
     hyp: str = "???"
     ref: str = "???"
     src: str = ""
-    lang: str = ""  # Moses language for the tokenized BLEU; default: the ref file's suffix, else en
+    lang: str = ""  # Moses language for the tokenized BLEU; default: the ref file's suffix if Moses knows it, else en
     buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
     out: str = ""  # JSON output; default: <hyp>.score.json
 
@@ -195,11 +271,13 @@ def _score(argv: list[str]) -> None:
     from pathlib import Path
 
     from relmt.data.sources import read_lines
-    from relmt.evaluate.score import report, score
+    from relmt.evaluate.score import moses_lang, report, score
 
     args = parse_args(ScoreArgs, argv)
-    suffix = Path(args.ref).suffix.lstrip(".")
-    lang = args.lang or (suffix if suffix.isalpha() and len(suffix) in (2, 3) else "en")
+    if args.lang and moses_lang(args.lang) != args.lang:
+        raise UserError(f"lang={args.lang}: Moses has no tokenization rules for it; give a code such as de, "
+                        "en or fr, or leave lang out to use the ref file's suffix (else en)")
+    lang = args.lang or moses_lang(Path(args.ref).suffix.lstrip("."))
     srcs = read_lines(Path(args.src)) if args.src else None
     result = score(read_lines(Path(args.hyp)), read_lines(Path(args.ref)), srcs, lang, tuple(args.buckets),
                    names=(args.hyp, args.ref, args.src))
@@ -217,7 +295,8 @@ def score() -> None:
 
 def _train_job(dcfg) -> float | None:
     """The Hydra task: typed config in, metrics out. Returns the best validation figure, so that
-    Hydra sweepers can optimise it."""
+    Hydra sweepers can optimise it. Exits EXIT_USER_ERROR on bad input and EXIT_INTERRUPTED when a
+    signal stopped the run (which also ends a sweep: the user asked to stop)."""
     import datasets
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -236,7 +315,14 @@ def _train_job(dcfg) -> float | None:
     except (UserError, ValueError) as e:
         logging.getLogger("relmt").error("%s", format_error(e))
         print(f"relmt-train: error: {format_error(e)}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_USER_ERROR)
+    except KeyboardInterrupt as e:  # a second SIGINT/SIGTERM, or Ctrl-C before the loop started
+        message = f"relmt-train: interrupted: {str(e) or 'Ctrl-C'}; the checkpoints saved so far are kept"
+        logging.getLogger("relmt").warning("%s", message)
+        print(message, file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    if metrics["status"] == "interrupted":  # loop.train logged how to resume
+        sys.exit(EXIT_INTERRUPTED)
     if metrics["status"] == "completed" and int(os.environ.get("RANK", "0")) == 0:
         print(f"run directory: {metrics['run_dir']}")
         for split, result in metrics.get("test", {}).items():

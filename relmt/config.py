@@ -73,6 +73,21 @@ class SpmModel(str, Enum):
     char = "char"
 
 
+class SpmNormalization(str, Enum):
+    """sentencepiece's `normalization_rule_name`: how text is rewritten before it is split into pieces.
+
+    The rule is stored in the model and applied to every input, and decoding cannot undo it. Every
+    rule but identity rewrites characters ('…' -> '...', '½' -> '1⁄2', 'ﬁ' -> 'fi', no-break space ->
+    space), so a hypothesis could never match those characters in a raw reference.
+    """
+
+    identity = "identity"  # keep the text as it is (the default)
+    nfkc = "nfkc"
+    nmt_nfkc = "nmt_nfkc"  # sentencepiece's own default: NFKC, and control characters removed
+    nfkc_cf = "nfkc_cf"  # NFKC and Unicode case folding
+    nmt_nfkc_cf = "nmt_nfkc_cf"
+
+
 @dataclass
 class ToyConfig:
     """Sizes of the synthetic corpus (relmt/data/toy.py); sentence lengths are in words."""
@@ -106,6 +121,8 @@ class DataConfig:
     spm_model_type: SpmModel = SpmModel.bpe
     spm_character_coverage: float = 1.0
     spm_input_sentence_size: int = 2_000_000  # sentences sampled for spm training on big corpora
+    # identity: decoding gives back the input's characters (outer spaces trimmed, runs squeezed)
+    spm_normalization: SpmNormalization = SpmNormalization.identity
     # training-pair filters (evaluation splits are never filtered)
     max_tokens_per_side: int = 256
     max_length_ratio: float = 3.0  # drop pairs whose longer side exceeds ratio x the shorter; 0 = off
@@ -183,13 +200,16 @@ class TrainConfig:
     log_every: int = 100
     progress: bool = True  # a tqdm bar on a terminal
     resume: bool = False  # continue from checkpoints/last.pt of the run directory
-    max_bad_steps: int = 5  # consecutive NaN/inf losses tolerated (each update skipped)
+    max_bad_steps: int = 5  # consecutive NaN/inf losses or gradients tolerated (each update skipped)
     test_checkpoint: str = "best"  # weights scored on the test splits at the end: best | last | averaged
     average_last: int = 0  # at the end, average the last N step_N.pt into averaged.pt (Shaw §4.1: 20)
+    # DDP: how long ranks wait in a collective while rank 0 alone builds a missing data cache,
+    # validates or decodes the test sets (NCCL's default, 10 minutes, kills long ones)
+    dist_timeout_minutes: int = 60
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "update_freq", "eval_every", "save_every", "log_every", "warmup_steps",
-                     "max_bad_steps"):
+                     "max_bad_steps", "dist_timeout_minutes"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
         for name in ("max_steps", "max_epochs", "max_sentences", "keep_last", "num_threads"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
@@ -207,6 +227,13 @@ class TrainConfig:
                "averaged needs train.average_last > 0")
 
 
+class EosCandidates(str, Enum):
+    """Which of a beam step's 2K best candidates may end a hypothesis with EOS (relmt/decode/beam.py)."""
+
+    t2t = "t2t"  # any of the 2K (tensor2tensor, the code of Shaw et al.)
+    fairseq = "fairseq"  # only the first K: an EOS ranked K..2K-1 is dropped (fairseq)
+
+
 @dataclass
 class DecodeConfig:
     """Decoding for validation BLEU and translation (presets in configs/decode/)."""
@@ -219,15 +246,23 @@ class DecodeConfig:
     nbest: int = 1
     early_stop: bool = False  # stop a sentence once it has `beam` finished hypotheses
     min_len: int = 0  # EOS is suppressed before this many output tokens (benchmarks force lengths)
+    eos_candidates: EosCandidates = EosCandidates.t2t  # beam > 1 only: beam 1 is always greedy
+    # Longer sources are cut to their first max_source_len tokens, with a warning naming the line
+    # (0 = no cap). Attention costs grow with the square of the length, and max_len_a/b let the
+    # output grow with it; 1024 is 4x the training filter data.max_tokens_per_side (256).
+    max_source_len: int = 1024
 
     def __post_init__(self) -> None:
         _check(self.beam >= 1, "decode.beam", f"must be >= 1, got {self.beam}")
         _check(self.lenpen >= 0, "decode.lenpen", f"must be >= 0, got {self.lenpen}")
-        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "decode.max_len_b", "max_len_a/b must be >= 0")
+        _check(self.max_len_a >= 0, "decode.max_len_a", f"must be >= 0, got {self.max_len_a}")
+        _check(self.max_len_b >= 0, "decode.max_len_b", f"must be >= 0, got {self.max_len_b}")
         _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b", "max_len_a and b are both 0")
-        _check(self.max_tokens >= 1, "decode.max_tokens", "must be >= 1")
-        _check(1 <= self.nbest <= self.beam, "decode.nbest", f"must be in [1, beam={self.beam}]")
+        _check(self.max_tokens >= 1, "decode.max_tokens", f"must be >= 1, got {self.max_tokens}")
+        _check(1 <= self.nbest <= self.beam, "decode.nbest", f"must be in [1, beam={self.beam}], got {self.nbest}")
         _check(self.min_len >= 0, "decode.min_len", f"must be >= 0, got {self.min_len}")
+        _check(self.max_source_len >= 0, "decode.max_source_len",
+               f"must be >= 0 (0 = no cap), got {self.max_source_len}")
 
 
 @dataclass

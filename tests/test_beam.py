@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from relmt.config import ModelConfig
+from relmt.config import DecodeConfig, EosCandidates, ModelConfig
 from relmt.decode.beam import beam_search, can_stop, length_penalty, merge_finished, topk_candidates
-from relmt.decode.greedy import greedy_decode
+from relmt.decode.greedy import greedy_decode, max_lengths
+from relmt.decode.search import nbest_search, search
 from relmt.model.transformer import build_model
 from tests.test_incremental import MODES, batch, make
 
@@ -55,7 +56,7 @@ def test_can_stop_by_hand():
     assert can_stop(pool, alive, torch.tensor([7, 7]), 1.0).tolist() == [False, False]
 
 
-# --- a hand-built case with a stub model (transitions depend on the last token) -----------------
+# --- hand-built cases with a stub model (transitions depend on the last token) -------------------
 
 class StubCache:
     def select(self, rows, sentences=None):
@@ -63,13 +64,17 @@ class StubCache:
 
 
 class StubModel:
-    """p(next | last token): from BOS a .6 b .4; after a: a .55 EOS .45; after b: EOS .9 a .1."""
+    """p(next | last token) from a table; by default, from BOS a .6 b .4; after a: a .55 EOS .45;
+    after b: EOS .9 a .1. A token without a row (only ever the last token of a beam scored -inf)
+    is followed by EOS."""
 
     pad_id = PAD
     A, B = 4, 5
-    table = {BOS: {A: 0.6, B: 0.4}, A: {A: 0.55, EOS: 0.45}, B: {EOS: 0.9, A: 0.1}}
+    TABLE = {BOS: {A: 0.6, B: 0.4}, A: {A: 0.55, EOS: 0.45}, B: {EOS: 0.9, A: 0.1}}
 
-    def __init__(self):
+    def __init__(self, table: dict[int, dict[int, float]] | None = None):
+        self.table = table or self.TABLE
+        self.vocab = 1 + max(max(row) for row in self.table.values())
         self.steps = 0
 
     def encode(self, src):
@@ -77,52 +82,175 @@ class StubModel:
 
     def decode_step(self, tokens, memory, src_mask, cache, step):
         self.steps += 1
-        logits = torch.full((tokens.shape[0], 6), INF)
+        logits = torch.full((tokens.shape[0], self.vocab), INF)
         for row, tok in enumerate(tokens.tolist()):
-            for nxt, p in self.table[tok].items():
+            for nxt, p in self.table.get(tok, {EOS: 1.0}).items():
                 logits[row, nxt] = math.log(p)
         return logits, StubCache()
 
 
 def test_hand_built_beam_finds_what_greedy_misses():
+    """Beam 2, 3-step limit. Step 2's candidates are "b EOS" .36, "a a" .33, "a EOS" .27, "b a" .04.
+    t2t finishes both EOS candidates; fairseq only "b EOS" (rank 0), dropping "a EOS" (rank 2 = K),
+    so its second best is "a a a" (.1815), forced at the limit, below the dropped .27."""
     src = torch.tensor([[7, EOS]])
     model = StubModel()
     # greedy: a (.6), a (.55), a (.55), then the 3-step limit: "a a a"
     assert greedy_decode(model, src, BOS, EOS, max_len_a=0, max_len_b=3) == [[4, 4, 4]]
-    # beam 2: "b EOS" (.4 x .9 = .36) finishes at step 2; "a a a" (.1815) is forced at the limit
-    (hyps,) = beam_search(model, src, beam=2, bos_id=BOS, eos_id=EOS, lenpen=0.0, max_len_a=0, max_len_b=3, nbest=2)
+    kw = dict(beam=2, bos_id=BOS, eos_id=EOS, max_len_a=0, max_len_b=3, nbest=2)
+    (hyps,) = beam_search(model, src, lenpen=0.0, **kw)
+    assert [h.tokens for h in hyps] == [[5], [4]]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.36), math.log(0.6 * 0.45)])
+    (hyps,) = beam_search(model, src, lenpen=0.0, eos_candidates="fairseq", **kw)
     assert [h.tokens for h in hyps] == [[5], [4, 4, 4]]
     assert [h.score for h in hyps] == pytest.approx([math.log(0.36), math.log(0.6 * 0.55 * 0.55)])
-    # alpha = 0.6 divides by ((5 + |y|) / 6)^0.6 with |y| counting EOS: 2 for "b EOS", 3 for "a a a"
-    (hyps,) = beam_search(model, src, beam=2, bos_id=BOS, eos_id=EOS, lenpen=0.6, max_len_a=0, max_len_b=3, nbest=2)
+    # alpha = 0.6 divides by ((5 + |y|) / 6)^0.6 with |y| counting EOS: 2 for "b EOS" and "a EOS", 3 for "a a a"
+    (hyps,) = beam_search(model, src, lenpen=0.6, **kw)
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.36) / (7 / 6) ** 0.6, math.log(0.27) / (7 / 6) ** 0.6])
+    (hyps,) = beam_search(model, src, lenpen=0.6, eos_candidates="fairseq", **kw)
     assert [h.score for h in hyps] == pytest.approx([math.log(0.36) / (7 / 6) ** 0.6,
                                                      math.log(0.1815) / (8 / 6) ** 0.6])
 
 
+def test_t2t_finishes_an_eos_ranked_beyond_the_beam():
+    """Issue 11.5, beam K = 2, alpha 0. Step 2's candidates, best first: "a c" .36, "b c" .28,
+    "a EOS" .24, "b EOS" .12, so both EOS rank K..2K-1. Every continuation of "c" costs at least
+    .6 more and ends two steps later: "a c d EOS" .144, "a c e EOS" .126. tensor2tensor (the paper's
+    code) finishes "a EOS" at step 2 and returns it; the fairseq rule drops it and returns "a c d",
+    scored below it."""
+    a, b, c, d, e, f = 4, 5, 6, 7, 8, 9
+    table = {BOS: {a: 0.6, b: 0.4}, a: {c: 0.6, EOS: 0.4}, b: {c: 0.7, EOS: 0.3},
+             c: {d: 0.4, e: 0.35, f: 0.25}, d: {EOS: 1.0}, e: {EOS: 1.0}, f: {EOS: 1.0}}
+    src = torch.tensor([[7, EOS]])
+    kw = dict(beam=2, bos_id=BOS, eos_id=EOS, lenpen=0.0, max_len_a=0, max_len_b=6, nbest=2)
+    (t2t,) = beam_search(StubModel(table), src, **kw)
+    assert [h.tokens for h in t2t] == [[a], [a, c, d]]
+    assert [h.score for h in t2t] == pytest.approx([math.log(0.24), math.log(0.144)])
+    (fairseq,) = beam_search(StubModel(table), src, eos_candidates="fairseq", **kw)
+    assert [h.tokens for h in fairseq] == [[a, c, d], [a, c, e]]
+    assert [h.score for h in fairseq] == pytest.approx([math.log(0.144), math.log(0.126)])
+    assert fairseq[0].score < t2t[0].score  # the fairseq rule returns a worse-scored hypothesis
+
+
 def test_stopping_rules_by_hand():
-    """Beam 2, limit 5. After step 2 the pool holds "b EOS" (.36) and "a a EOS" (.1485): early_stop
-    ends there (3 steps). Otherwise the live "a a a" (.1815) could still win, so step 3 runs; then the
-    best live "a a a a" (.0998) cannot, and the search ends (4 steps)."""
+    """Beam 2, limit 5, the default stub. fairseq: after step 2 the pool holds "b EOS" (.36) and
+    "a a EOS" (.1485): early_stop ends there (3 steps). Otherwise the live "a a a" (.1815) could still
+    win, so step 3 runs; then the best live "a a a a" (.0998) cannot, and the search ends (4 steps).
+    t2t: the pool is full after step 2 ("b EOS" .36, "a EOS" .27), so early_stop ends there (2 steps);
+    otherwise the live "a a" (.33) could still win, step 3 runs, and its best live "a a a" (.1815)
+    cannot (3 steps)."""
     src = torch.tensor([[7, EOS]])
     kw = dict(beam=2, bos_id=BOS, eos_id=EOS, lenpen=0.0, max_len_a=0, max_len_b=5, nbest=2)
-    early, patient = StubModel(), StubModel()
-    (a,) = beam_search(early, src, early_stop=True, **kw)
-    (b,) = beam_search(patient, src, early_stop=False, **kw)
-    assert (early.steps, patient.steps) == (3, 4)
-    assert [h.tokens for h in a] == [h.tokens for h in b] == [[5], [4, 4]]
+    for rule, steps, expected in (("fairseq", (3, 4), [[5], [4, 4]]), ("t2t", (2, 3), [[5], [4]])):
+        early, patient = StubModel(), StubModel()
+        (x,) = beam_search(early, src, early_stop=True, eos_candidates=rule, **kw)
+        (y,) = beam_search(patient, src, early_stop=False, eos_candidates=rule, **kw)
+        assert (early.steps, patient.steps) == steps, rule
+        assert [h.tokens for h in x] == [h.tokens for h in y] == expected, rule
 
 
 # --- oracles on real (untrained) models --------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("lenpen,early_stop", [(0.0, False), (0.6, True), (1.0, True)])
-def test_beam_one_is_greedy(mode, lenpen, early_stop, float64):
+def test_beam_one_is_greedy_under_the_fairseq_rule(mode, lenpen, early_stop, float64):
+    """Only an EOS ranked first finishes, so the one live beam follows the argmax path; with alpha 0
+    nothing after the first finished hypothesis can beat it, and early_stop stops there anyway."""
     model = make(mode)
     src, _ = batch()
     greedy = greedy_decode(model, src, BOS, EOS, max_len_a=0.5, max_len_b=6)
     beams = beam_search(model, src, beam=1, bos_id=BOS, eos_id=EOS, lenpen=lenpen, max_len_a=0.5, max_len_b=6,
-                        early_stop=early_stop)
+                        early_stop=early_stop, eos_candidates="fairseq")
     assert [h[0].tokens for h in beams] == greedy
+
+
+def t2t_beam_one(next_lprobs, limit: int, alpha: float, early_stop: bool) -> list[int]:
+    """Beam 1 under t2t's rule, written out. next_lprobs(prefix) gives log P(next token | prefix), (V,).
+    The live beam follows the best non-EOS token; at each step an EOS ranked first or second (of the
+    2K = 2 candidates) finishes, and at the limit the live beam finishes as it stands. The best
+    finished hypothesis wins; early_stop returns the first."""
+    prefix, logp, best = [], 0.0, None
+    for t in range(limit):
+        lp = next_lprobs(prefix).double().clone()
+        lp[[PAD, BOS]] = INF
+        finished = []
+        if EOS in lp.topk(2).indices.tolist():
+            finished.append(((logp + lp[EOS].item()) / length_penalty(t + 1, alpha), prefix))
+        lp[EOS] = INF
+        nxt = int(lp.argmax())
+        prefix, logp = [*prefix, nxt], logp + lp[nxt].item()
+        if t + 1 == limit:
+            finished.append((logp / length_penalty(t + 1, alpha), prefix))
+        for score, tokens in finished:
+            if best is None or score > best[0]:
+                best = (score, tokens)
+        if early_stop and best is not None:
+            break
+    return best[1]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("lenpen,early_stop", [(0.0, False), (0.6, False), (0.6, True)])
+def test_beam_one_under_the_t2t_rule(mode, lenpen, early_stop, float64):
+    """With t2t's rule a beam of one is not greedy decoding (an EOS ranked second finishes too), so
+    DecodeConfig.beam = 1 decodes greedily through `nbest_search`; the raw search matches its oracle."""
+    model = make(mode)
+    src, _ = batch()
+    limit = max_lengths(src != PAD, 0.5, 6).tolist()
+    beams = beam_search(model, src, beam=1, bos_id=BOS, eos_id=EOS, lenpen=lenpen, max_len_a=0.5, max_len_b=6,
+                        early_stop=early_stop)
+
+    def oracle(row: torch.Tensor, limit: int) -> list[int]:
+        memory, src_mask = model.encode(row)
+        return t2t_beam_one(lambda prefix: torch.log_softmax(
+            model.decode(torch.tensor([[BOS, *prefix]]), memory, src_mask)[0, -1], dim=-1), limit, lenpen, early_stop)
+
+    expected = [oracle(src[i:i + 1], limit[i]) for i in range(len(src))]
+    assert [h[0].tokens for h in beams] == expected
+
+
+def random_markov_table(seed: int, vocab: int = 8) -> dict[int, dict[int, float]]:
+    """p(next | last token) drawn at random, PAD and BOS never next, EOS made likely."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(vocab, vocab, generator=g, dtype=torch.float64) * 2
+    logits[:, EOS] += 1.5
+    logits[:, [PAD, BOS]] = INF
+    probs = torch.softmax(logits, dim=-1)
+    return {tok: {nxt: probs[tok, nxt].item() for nxt in range(vocab) if nxt not in (PAD, BOS)}
+            for tok in range(vocab) if tok != PAD}
+
+
+@pytest.mark.parametrize("lenpen,early_stop", [(0.0, False), (0.6, False), (0.6, True)])
+def test_beam_one_under_the_t2t_rule_on_random_markov_models(lenpen, early_stop, float64):
+    """The same oracle on 30 random bigram models, where an EOS often ranks second: it differs from
+    greedy on some of them (so the rule matters here), and the search agrees with it on all."""
+    src = torch.tensor([[4, 5, EOS]])
+    differs = 0
+    for seed in range(30):
+        model = StubModel(random_markov_table(seed))
+
+        def lprobs(prefix: list[int], model: StubModel = model) -> torch.Tensor:
+            return torch.log_softmax(model.decode_step(torch.tensor([prefix[-1] if prefix else BOS]),
+                                                      None, None, None, 0)[0][0], dim=-1)
+
+        (hyps,) = beam_search(model, src, beam=1, bos_id=BOS, eos_id=EOS, lenpen=lenpen, max_len_a=0, max_len_b=6,
+                              early_stop=early_stop)
+        expected = t2t_beam_one(lprobs, 6, lenpen, early_stop)
+        assert hyps[0].tokens == expected, seed
+        differs += expected != greedy_decode(model, src, BOS, EOS, max_len_a=0, max_len_b=6)[0]
+    assert differs > 0
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_decode_config_beam_one_is_greedy(mode, float64):
+    """Beam 1 in a DecodeConfig is greedy decoding whatever eos_candidates says, with or without alpha."""
+    model = make(mode)
+    src, _ = batch()
+    greedy = greedy_decode(model, src, BOS, EOS, max_len_a=0.5, max_len_b=6)
+    for rule in EosCandidates:
+        cfg = DecodeConfig(beam=1, lenpen=0.6, max_len_a=0.5, max_len_b=6, eos_candidates=rule)
+        assert [h[0].tokens for h in nbest_search(model, src, cfg)] == greedy
+        assert search(model, src, cfg) == greedy
 
 
 def exhaustive_best(model, src, length: int, alpha: float, top: int):

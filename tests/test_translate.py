@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from relmt.cli import _translate, guarded
-from relmt.config import compose
-from relmt.decode.translator import Translator
+from relmt.config import DecodeConfig, Precision, compose
+from relmt.data.dataset import SplitIds
+from relmt.data.tokenizer import EOS_ID
+from relmt.decode.search import decode_split, nbest_search
+from relmt.decode.translator import Translator, autocast_dtype
+from relmt.train import checkpoint
 from relmt.train.loop import train
 
 RELMT_TRANSLATE = str(Path(sys.executable).parent / "relmt-translate")
@@ -102,5 +111,199 @@ def test_cli_errors(ckpt, tmp_path, capsys):
     assert guarded("relmt-translate", _translate, [f"checkpoint={tmp_path}/none.pt"]) == 2
     assert "none.pt: no such checkpoint" in capsys.readouterr().err
     assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", "beam=2", "nbest=3"]) == 2
-    assert "nbest=3 is more than the beam (2)" in capsys.readouterr().err
+    assert "nbest=3: must be in [1, beam=2]" in capsys.readouterr().err
     assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", "bogus=1"]) == 2
+
+
+# --- overrides go through DecodeConfig's checks (issue 11) ------------------------------------------------
+
+@pytest.mark.parametrize("override,message", [
+    ("beam=0", "beam=0: must be >= 1"),
+    ("lenpen=-1", "lenpen=-1.0: must be >= 0"),
+    ("max_len_a=-2", "max_len_a=-2.0: must be >= 0"),
+    ("max_tokens=0", "max_tokens=0: must be >= 1"),
+    ("max_source_len=-1", "max_source_len=-1: must be >= 0"),
+    ("eos_candidates=best", "eos_candidates=best: must be one of t2t, fairseq"),
+    ("precision=fp8", "precision=fp8: must be one of auto, fp32, bf16, fp16"),
+    ("buffer_lines=0", "buffer_lines=0: must be >= 1"),
+])
+def test_cli_rejects_bad_overrides_by_key(ckpt, capsys, override, message):
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", override]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and "nbest" not in err
+
+
+def test_cli_device_cuda_without_cuda(ckpt, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", "device=cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA" in err and "Traceback" not in err
+
+
+# --- precision from the checkpoint (issue 7) ------------------------------------------------------------
+
+def with_precision(ckpt: Path, directory: Path, precision: str) -> Path:
+    """A copy of the checkpoint that says it was trained at `precision`."""
+    ck = checkpoint.load(ckpt)
+    ck.pop("checksum", None)
+    ck["config"]["train"]["precision"] = precision
+    checkpoint.save(ck, directory, [f"{precision}.pt"])
+    return directory / f"{precision}.pt"
+
+
+def test_autocast_dtype_follows_precision_on_each_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert autocast_dtype(Precision.auto, cuda) == torch.bfloat16 and autocast_dtype(Precision.auto, cpu) is None
+    assert autocast_dtype(Precision.fp32, cuda) is None  # no longer forced into bf16 on a GPU
+    assert autocast_dtype(Precision.fp16, cuda) == torch.float16
+    assert autocast_dtype(Precision.bf16, cpu) == torch.bfloat16
+
+
+def test_precision_comes_from_the_checkpoint(ckpt, tmp_path):
+    assert Translator.from_checkpoint(ckpt).autocast_dtype is None  # auto, on a CPU: fp32
+    bf16 = Translator.from_checkpoint(with_precision(ckpt, tmp_path, "bf16"))
+    assert bf16.autocast_dtype == torch.bfloat16
+    assert len(bf16.translate(SENTENCES[:2], beam=2, max_len_b=8)) == 2  # bf16 autocast decodes on a CPU too
+    assert Translator.from_checkpoint(with_precision(ckpt, tmp_path, "bf16"), precision="fp32").autocast_dtype is None
+    assert Translator.from_checkpoint(ckpt, precision="bf16").autocast_dtype == torch.bfloat16
+    # fp16 autocast on a CPU is emulated: an fp16 checkpoint decodes there in fp32; asking for it is an error
+    assert Translator.from_checkpoint(with_precision(ckpt, tmp_path, "fp16")).autocast_dtype is None
+    with pytest.raises(Exception, match="precision=fp16 needs a CUDA device"):
+        Translator.from_checkpoint(ckpt, precision="fp16")
+
+
+def test_cli_precision_override(ckpt, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text(f"{SENTENCES[0]}\n", encoding="utf-8")
+    bf16 = with_precision(ckpt, tmp_path, "bf16")
+    assert guarded("relmt-translate", _translate, [f"checkpoint={bf16}", f"input={src}", "precision=fp32"]) == 0
+    fp32 = capsys.readouterr().out
+    assert fp32 == Translator.from_checkpoint(bf16, precision="fp32").translate([SENTENCES[0]])[0] + "\n"
+
+
+# --- streaming input (issue 12) -------------------------------------------------------------------------
+
+class StdoutRecorder:
+    """Stands in for sys.stdout: notes how far stdin had been read at each write."""
+
+    def __init__(self, stdin: io.BytesIO) -> None:
+        self.stdin, self.writes = stdin, []
+
+    def write(self, text: str) -> int:
+        self.writes.append((self.stdin.tell(), text))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def fake_stdin(monkeypatch, data: bytes) -> io.BytesIO:
+    raw = io.BytesIO(data)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(raw))
+    return raw
+
+
+def test_cli_writes_each_chunk_before_reading_the_next(ckpt, monkeypatch):
+    lines = [s.encode() + b"\n" for s in SENTENCES]
+    raw = fake_stdin(monkeypatch, b"".join(lines))
+    out = StdoutRecorder(raw)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", "buffer_lines=2", "max_len_b=8"]) == 0
+    assert [pos for pos, _ in out.writes] == [len(b"".join(lines[:2])), len(b"".join(lines[:4])), len(b"".join(lines))]
+    assert [text.count("\n") for _, text in out.writes] == [2, 2, 1]
+
+
+def test_cli_output_follows_a_pipe(ckpt):
+    """Through a real pipe: the first chunk's translations arrive while stdin is still open."""
+    proc = subprocess.Popen([RELMT_TRANSLATE, f"checkpoint={ckpt}", "buffer_lines=2", "max_len_b=8"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    guard = threading.Timer(300, proc.kill)  # a hang becomes a failure (empty reads below), not a stuck run
+    guard.start()
+    try:
+        proc.stdin.write(f"{SENTENCES[0]}\n{SENTENCES[1]}\n".encode())
+        proc.stdin.flush()
+        first = [proc.stdout.readline(), proc.stdout.readline()]
+        assert all(line.endswith(b"\n") for line in first), proc.stderr.read().decode()
+        proc.stdin.write(f"{SENTENCES[2]}\n".encode())
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait() == 0 and rest.count(b"\n") == 1
+    finally:
+        guard.cancel()
+        proc.kill()
+    expected = Translator.from_checkpoint(ckpt).translate(SENTENCES[:3], max_len_b=8)
+    assert [x.decode().rstrip("\n") for x in [*first, rest]] == expected
+
+
+def test_cli_keeps_input_order_across_chunks(ckpt, tmp_path, capsys):
+    lines = ["", SENTENCES[0], SENTENCES[3], "", "  ", SENTENCES[1], SENTENCES[4], "", SENTENCES[2]]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    expected = Translator.from_checkpoint(ckpt).translate(lines, beam=2, max_len_b=8)
+    for buffer in (2, 3, 100):
+        out = tmp_path / f"out{buffer}.txt"
+        assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", f"input={src}", f"output={out}",
+                                                       "beam=2", "max_len_b=8", f"buffer_lines={buffer}"]) == 0
+        assert out.read_text(encoding="utf-8").split("\n") == [*expected, ""], buffer
+    # nbest: the index counts input lines from 0 across chunks; empty lines give no rows
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", f"input={src}", "beam=2", "nbest=2",
+                                                   "max_len_b=8", "buffer_lines=2"]) == 0
+    rows = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+    assert rows == [str(i) for i, line in enumerate(lines) if line.strip() for _ in range(2)]
+
+
+def test_cli_bad_utf8_names_the_input_line_and_keeps_earlier_chunks(ckpt, tmp_path, monkeypatch, capsys):
+    fake_stdin(monkeypatch, f"{SENTENCES[0]}\n{SENTENCES[1]}\n\n{SENTENCES[2]}\nbroken \xff\n".encode("latin-1"))
+    out = tmp_path / "out.txt"
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", f"output={out}", "buffer_lines=2",
+                                                   "max_len_b=8"]) == 2
+    assert "<stdin>:5: invalid UTF-8" in capsys.readouterr().err
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 4  # the first two chunks were written
+    fake_stdin(monkeypatch, f"{SENTENCES[0]}\n\nbad \0 line\n".encode())
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", "buffer_lines=2", "max_len_b=8"]) == 2
+    assert "<stdin>:3: NUL character" in capsys.readouterr().err
+
+
+# --- max_source_len (issue 12) ----------------------------------------------------------------------------
+
+def test_long_source_is_truncated_with_a_warning_naming_its_line(ckpt, tmp_path, capsys, caplog):
+    translator = Translator.from_checkpoint(ckpt)
+    long = " ".join(SENTENCES)
+    ids = translator.tokenizer.encode([long])[0]
+    assert len(ids) > 6
+    cfg = DecodeConfig(beam=2, max_len_b=8, max_source_len=6)
+    cut = nbest_search(translator.model, torch.tensor([ids[:6] + [EOS_ID]]), cfg)[0][0].tokens
+    src = tmp_path / "in.txt"
+    src.write_text(f"{SENTENCES[0]}\n\n{long}\n{SENTENCES[4]}\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="relmt.decode.translator"):
+        assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", f"input={src}", "beam=2",
+                                                       "max_len_b=8", "max_source_len=6", "buffer_lines=2"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == translator.tokenizer.decode([cut])[0]
+    assert f"{src}:3: the source has {len(ids)} tokens, more than max_source_len=6" in caplog.text
+    assert f"{src}:1:" not in caplog.text and f"{src}:4:" not in caplog.text  # short lines pass whole
+
+
+def test_api_truncates_long_sources(ckpt, caplog):
+    translator = Translator.from_checkpoint(ckpt)
+    long = " ".join(SENTENCES)
+    n = len(translator.tokenizer.encode([long])[0])
+    with caplog.at_level(logging.WARNING, logger="relmt.decode.translator"):
+        capped = translator.hypotheses([SENTENCES[4], long], beam=2, max_len_b=8, max_source_len=n - 1)
+    assert f"input:2: the source has {n} tokens, more than max_source_len={n - 1}" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="relmt.decode.translator"):
+        whole = translator.hypotheses([SENTENCES[4], long], beam=2, max_len_b=8, max_source_len=n)
+    assert caplog.text == "" and len(capped) == len(whole) == 2
+
+
+def test_decode_split_applies_max_source_len(ckpt, caplog):
+    model = Translator.from_checkpoint(ckpt).model
+    src = [[5, 6, 7, 8, 9, 10, 11, EOS_ID], [12, 13, EOS_ID]]
+    data = SplitIds(np.array([t for s in src for t in s], dtype=np.int32), np.array([0, 8, 11]),
+                    np.zeros(0, dtype=np.int32), np.array([0, 0, 0]))
+    cfg = DecodeConfig(beam=2, max_len_b=6, max_source_len=4)
+    with caplog.at_level(logging.WARNING, logger="relmt.decode.search"):
+        out = decode_split(model, data, cfg, torch.device("cpu"))
+    assert "1 source sentence(s) have more than decode.max_source_len=4 tokens (the first: example 0" in caplog.text
+    expected = [nbest_search(model, torch.tensor([s]), cfg)[0][0].tokens for s in ([5, 6, 7, 8, EOS_ID], src[1])]
+    assert out == expected

@@ -3,15 +3,26 @@
 Shaw et al. §4.1 decode with beam 4 and the GNMT length penalty lp(|y|) = ((5 + |y|) / 6)^alpha,
 alpha = 0.6: a finished hypothesis y (|y| counts its tokens including EOS) scores log P(y) / lp(|y|).
 
-Each step, per sentence: extend the K live beams by every token, take the 2K best candidates by
-log-probability (`topk_candidates`); EOS candidates ranked among the first K finish, and the first K
-non-EOS candidates stay live (so K live beams survive however many finish). Each sentence keeps a
-pool of its K best finished hypotheses (`merge_finished`). A sentence is done when its pool is
-full and no live beam can still beat the pool's worst (`can_stop`: since log-probabilities only
-fall, a live beam's best reachable score is its log P / lp(max length)), or at once with
-`early_stop`, or at its step limit max_len = floor(a * |x| + b), where the live beams finish as
-they stand. With beam 1 and (alpha = 0 or early_stop) this is exactly greedy decoding. Finished
-sentences leave the batch. No Python loop runs over sentences or beams.
+Each step, per sentence: extend the K live beams by every token and take the 2K best candidates by
+log-probability (`topk_candidates`). Which EOS candidates finish is `eos_candidates`:
+- t2t (the default): every EOS among the 2K, as tensor2tensor's beam_search.py, the code the paper
+  was run with, does (its grow_finished takes all EOS of the 2K top candidates);
+- fairseq: only an EOS ranked among the first K; one ranked K..2K-1 is dropped, though its score may
+  beat everything the search later finishes (tests/test_beam.py pins such a case).
+Either way the first K non-EOS candidates stay live (a beam has one EOS candidate, so at least K of
+the 2K are not EOS, and K live beams survive however many finish). Each sentence keeps a pool of
+its K best finished hypotheses (`merge_finished`). A sentence is done when its pool is full and no
+live beam can still beat the pool's worst (`can_stop`, tensor2tensor's `_is_finished`: since
+log-probabilities only fall, a live beam's best reachable score is its log P / lp(max length)), or
+at once with `early_stop`, or at its step limit max_len = floor(a * |x| + b), where the live beams
+finish as they stand (t2t: the K kept live; fairseq: the first K candidates). Finished sentences
+leave the batch. No Python loop runs over sentences or beams.
+
+With beam 1 and fairseq, and alpha = 0 or early_stop, this is exactly greedy decoding. With beam 1
+and t2t it is not: the live beam follows the best non-EOS token while an EOS ranked second still
+finishes, so it returns the best of those and of the path at the limit (tests/test_beam.py has
+that oracle too). `DecodeConfig.beam = 1` therefore means greedy decoding whatever eos_candidates
+says (relmt.decode.search.nbest_search).
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from relmt.config import EosCandidates
 from relmt.decode.greedy import max_lengths
 from relmt.model.transformer import Transformer
 
@@ -65,9 +77,11 @@ class Hypothesis:
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id: int, lenpen: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1, early_stop: bool = False,
-                min_len: int = 0, use_cache: bool = True) -> list[list[Hypothesis]]:
+                min_len: int = 0, use_cache: bool = True, eos_candidates: EosCandidates | str = EosCandidates.t2t,
+                ) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses of each source row of src (B, S), best first."""
     k, pad_id = beam, model.pad_id
+    t2t = EosCandidates(eos_candidates) == EosCandidates.t2t
     memory, src_mask = model.encode(src)
     limit = max_lengths(src_mask, max_len_a, max_len_b)  # (B,) steps allowed per sentence
     n = src.shape[0]  # memory stays (n, S, d): the decoder shares it among a sentence's K beams
@@ -91,10 +105,20 @@ def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id:
         m, vocab = alive.shape[0], lprobs.shape[1]
         cand, origin, token = topk_candidates(alive[:, :, None] + lprobs.view(m, k, vocab), k=2 * k)  # (m, 2K)
 
-        # Candidates that finish now: EOS among the first K, or any of the first K at the step limit.
+        # The first K non-EOS candidates stay live: sort EOS after every other candidate, stably.
         rank = torch.arange(2 * k, device=src.device)
+        is_eos = token == eos_id  # (m, 2K)
+        keep = torch.sort(is_eos.int() * 2 * k + rank, dim=1).indices[:, :k]  # (m, K)
+
+        # Candidates that finish now. t2t: an EOS anywhere among the 2K, and at the step limit the
+        # K kept live. fairseq: an EOS among the first K, and at the limit any of the first K.
         last = (t + 1 >= limit)[:, None]
-        finishing = ((token == eos_id) | last) & (rank < k) & torch.isfinite(cand)
+        if t2t:
+            kept = torch.zeros_like(is_eos).scatter_(1, keep, True)
+            finishing = is_eos | (last & kept)
+        else:
+            finishing = (is_eos | last) & (rank < k)
+        finishing &= torch.isfinite(cand)
         rows = (torch.arange(m, device=src.device)[:, None] * k + origin)  # (m, 2K) rows of `tokens`
         seqs = torch.cat((tokens[rows.view(-1), 1:].view(m, 2 * k, t), token[:, :, None]), dim=2)
         normalised = cand / length_penalty(float(t + 1), lenpen)
@@ -102,8 +126,6 @@ def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id:
         pool_scores, pool_tokens = merge_finished(pool_scores, pool_tokens,
                                                   normalised.masked_fill(~finishing, float("-inf")), seqs)
 
-        # The first K non-EOS candidates stay live.
-        keep = torch.sort((token == eos_id).int() * 2 * k + rank, dim=1).indices[:, :k]  # (m, K)
         alive = cand.gather(1, keep)
         rows = rows.gather(1, keep).view(-1)
         tokens = torch.cat((tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)

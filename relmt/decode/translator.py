@@ -4,9 +4,12 @@
     translator.translate(["the dog saw the cat"], beam=4)
 
 The checkpoint alone is enough: it holds the config and the sentencepiece model (its path, hash
-and bytes; the bytes serve when the file has moved or changed). Inputs are batched by source
-tokens in length order and the outputs returned in input order; an empty input gives an empty
-output, so line i of the output always belongs to line i of the input.
+and bytes; the bytes serve when the file has moved or changed). Decoding settings are the
+checkpoint's decode config unless overridden, and precision is the one it was trained with
+(train.precision) unless overridden. Inputs are batched by source tokens in length order and the
+outputs returned in input order; an empty input gives an empty output, so line i of the output
+always belongs to line i of the input. A source longer than decode.max_source_len tokens is cut
+to that many, with a warning naming its line.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from relmt.config import DecodeConfig, from_dict
-from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from relmt.decode.beam import Hypothesis, beam_search
-from relmt.decode.search import source_batches
+from relmt.config import DecodeConfig, Precision, from_dict
+from relmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from relmt.decode.beam import Hypothesis
+from relmt.decode.search import nbest_search, source_batches
+from relmt.errors import UserError
 from relmt.model.transformer import Transformer, build_model
 from relmt.runtime import tune_cpu
 from relmt.train import checkpoint
@@ -40,6 +44,14 @@ def checkpoint_tokenizer(spm: dict) -> Tokenizer:
     return Tokenizer(path, model=spm["model"])
 
 
+def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for decoding at `precision` on `device`; None means fp32. As in training,
+    auto is bf16 on CUDA and fp32 on a CPU."""
+    if precision == Precision.auto:
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
+
+
 class Translator:
     """A trained model, its vocabulary and decoding settings."""
 
@@ -49,33 +61,56 @@ class Translator:
         self.autocast_dtype = autocast_dtype
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "auto") -> Translator:
+    def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: Precision | str | None = None,
+                        ) -> Translator:
+        """Model, vocabulary and decode config from a checkpoint. `precision` (auto | fp32 | bf16 |
+        fp16) overrides the checkpoint's train.precision: a model trained in fp32 is decoded in fp32,
+        not forced into bf16 on a GPU."""
+        try:
+            wanted = Precision(precision) if precision is not None else None
+        except ValueError:
+            raise UserError(f"precision={precision}: must be one of {', '.join(p.value for p in Precision)}") from None
+        dev = resolve_device(device)
         ck = checkpoint.load(path)
         cfg = from_dict(ck["config"])
         tokenizer = checkpoint_tokenizer(ck["spm"])
         model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID)
         checkpoint.load_model_state(model, ck["model"], path)
-        dev = resolve_device(device)
+        chosen = wanted if wanted is not None else cfg.train.precision
+        if chosen == Precision.fp16 and dev.type != "cuda":
+            if wanted is not None:
+                raise UserError(f"precision=fp16 needs a CUDA device (device resolved to {dev.type}): use fp32 or bf16")
+            # CPU autocast to fp16 is emulated and slow; fp32 holds every fp16 value, so nothing is lost
+            log.info("%s was trained in fp16; decoding in fp32 on %s", path, dev.type)
+            chosen = Precision.fp32
         tune_cpu()
-        return cls(model.to(dev), tokenizer, cfg.decode, dev,
-                   torch.bfloat16 if dev.type == "cuda" else None)
+        return cls(model.to(dev), tokenizer, cfg.decode, dev, autocast_dtype(chosen, dev))
 
     def translate(self, sentences: list[str], **decode: object) -> list[str]:
         """The best translation of each sentence. Keyword arguments override DecodeConfig fields
-        (beam, lenpen, max_len_a, max_len_b, max_tokens, early_stop, min_len)."""
+        (beam, lenpen, max_len_a, max_len_b, max_tokens, early_stop, min_len, eos_candidates,
+        max_source_len)."""
         return [hyps[0][0] if hyps else "" for hyps in self.translate_nbest(sentences, **decode)]
 
-    def translate_nbest(self, sentences: list[str], progress: bool = False,
-                        **decode: object) -> list[list[tuple[str, float]]]:
+    def translate_nbest(self, sentences: list[str], progress: bool = False, name: str = "input",
+                        first_line: int = 1, **decode: object) -> list[list[tuple[str, float]]]:
         """The `nbest` (text, score) translations of each sentence, best first; [] for an empty line."""
-        results = self.hypotheses(sentences, progress, **decode)
+        results = self.hypotheses(sentences, progress, name, first_line, **decode)
         return [[(text, h.score) for text, h in zip(self.tokenizer.decode([h.tokens for h in hs]), hs)]
                 for hs in results]
 
-    def hypotheses(self, sentences: list[str], progress: bool = False, **decode: object) -> list[list[Hypothesis]]:
-        """The `nbest` hypotheses (output ids and score) of each sentence; [] for an empty line."""
+    def hypotheses(self, sentences: list[str], progress: bool = False, name: str = "input", first_line: int = 1,
+                   **decode: object) -> list[list[Hypothesis]]:
+        """The `nbest` hypotheses (output ids and score) of each sentence; [] for an empty line.
+        Sentence i is line first_line + i of `name` in the warning about a truncated source."""
         cfg = replace(self.decode, **decode)
         ids = [x + [EOS_ID] if s.strip() else [] for s, x in zip(sentences, self.tokenizer.encode(sentences))]
+        cap = cfg.max_source_len
+        for i, x in enumerate(ids):
+            if cap and len(x) > cap + 1:  # + 1: the EOS every source ends with
+                log.warning("%s:%d: the source has %d tokens, more than max_source_len=%d; translating only "
+                            "its first %d", name, first_line + i, len(x) - 1, cap, cap)
+                ids[i] = x[:cap] + [EOS_ID]
         todo = np.array([i for i, x in enumerate(ids) if x], dtype=np.int64)
         results: list[list[Hypothesis]] = [[] for _ in sentences]
         lengths = np.array([len(ids[i]) for i in todo], dtype=np.int64)
@@ -87,9 +122,7 @@ class Translator:
                 src[row, : len(ids[i])] = torch.tensor(ids[i])
             with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
                                                  enabled=self.autocast_dtype is not None):
-                hyps = beam_search(self.model, src.to(self.device), cfg.beam, BOS_ID, EOS_ID, cfg.lenpen,
-                                   cfg.max_len_a, cfg.max_len_b, nbest=cfg.nbest,
-                                   early_stop=cfg.early_stop or cfg.beam == 1, min_len=cfg.min_len)
+                hyps = nbest_search(self.model, src.to(self.device), cfg)
             for i, h in zip(index, hyps):
                 results[i] = h
         return results
