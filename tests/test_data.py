@@ -7,9 +7,9 @@ import logging
 import datasets
 import pytest
 
-from relmt.config import DataConfig, Source, SpmModel
+from relmt.config import DataConfig, Source, SpmModel, SpmNormalization, ToyConfig
 from relmt.data.dataset import cache_key, prepare
-from relmt.data.sources import load_pairs, read_lines
+from relmt.data.sources import decode_lines, load_pairs, read_lines
 from relmt.data.tokenizer import EOS_ID
 from relmt.errors import UserError
 
@@ -125,6 +125,107 @@ def test_prepare_encodes_caches_and_reuses(tmp_path, corpus_dir, caplog):
     assert prepare(text_cfg(tmp_path)).dir != corpus.dir
 
 
+
+def test_nul_character_names_file_and_line(tmp_path, corpus_dir):
+    """A NUL used to pass silently and become <unk>; translate's input goes through decode_lines too."""
+    (corpus_dir / "valid.de").write_bytes(b"die katze sitzt\nein h\x00und\nder vogel singt\n")
+    with pytest.raises(UserError, match=r"valid\.de:2: NUL character \(character 6 of the line\)"):
+        load_pairs(text_cfg(tmp_path))
+    with pytest.raises(UserError, match=r"<stdin>:1: NUL character"):
+        decode_lines(b"a\x00\n", "<stdin>")
+
+
+def test_other_control_characters_are_kept_with_a_warning(tmp_path, caplog):
+    f = tmp_path / "x.en"
+    f.write_bytes("a\tb\r\nfine\nesc \x1b here \x7f\nnel \u0085\n".encode())
+    with caplog.at_level(logging.WARNING):
+        assert read_lines(f) == ["a\tb", "fine", "esc \x1b here \x7f", "nel \u0085"]
+    assert "x.en: 3 control character(s), the first on line 3 (U+001B); they are kept" in caplog.text
+    caplog.clear()
+    f.write_bytes(b"tab\tonly\r\n")
+    with caplog.at_level(logging.WARNING):
+        read_lines(f)
+    assert "control" not in caplog.text  # tab and CRLF line ends are ordinary
+
+
+@pytest.mark.parametrize("train_lines", [[], ["", "  ", "\t"]], ids=["empty", "blank"])
+def test_empty_or_blank_train_split_names_the_files(tmp_path, corpus_dir, train_lines):
+    """sentencepiece used to fail on no input with a RuntimeError traceback."""
+    write_text(corpus_dir, "train", train_lines, train_lines)
+    message = r"corpus/train\.en and .*corpus/train\.de \(data\.splits\.train=train\): the training split is empty"
+    with pytest.raises(UserError, match=message):
+        prepare(text_cfg(tmp_path))
+    # the failed build leaves nothing in the cache, not even its temporary folder
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()] == []
+
+
+def test_empty_train_split_from_the_cli_is_one_message(tmp_path, corpus_dir, capsys):
+    from relmt.cli import _prepare, guarded
+
+    write_text(corpus_dir, "train", [" "] * 3, [""] * 3)
+    argv = ["data=text", f"data.dir={corpus_dir}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=60"]
+    assert guarded("relmt-prepare", _prepare, argv) == 2
+    err = capsys.readouterr().err
+    assert "train.en and" in err and "the training split is empty or all its lines are blank" in err
+    assert "Traceback" not in err and "RuntimeError" not in err
+
+
+def test_empty_toy_and_hf_train_splits_name_the_split(tmp_path):
+    with pytest.raises(UserError, match=r"the toy split 'train' \(data\.toy\): the training split is empty"):
+        prepare(DataConfig(toy=ToyConfig(n_train=0, n_valid=5, n_test=5, n_test_long=5), cache_dir=str(tmp_path)))
+    path = tmp_path / "blank"
+    datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"en": ["", " "], "de": ["  ", ""]}),
+        "validation": datasets.Dataset.from_dict({"en": EN[:3], "de": DE[:3]}),
+    }).save_to_disk(str(path))
+    cfg = hf_cfg(tmp_path, path, hf_name=None, splits={"train": "train", "valid": "validation"})
+    with pytest.raises(UserError, match=r"split 'train' of .*blank \(data\.splits\.train=train\): the training"):
+        prepare(cfg)
+
+
+def test_training_split_dropped_entirely_is_an_error(tmp_path, corpus_dir):
+    """Every pair has an empty target: spm trains on the sources, then no training pair is left."""
+    write_text(corpus_dir, "train", EN * 3, [""] * 24)
+    with pytest.raises(UserError, match=r"train\.de .*every one of the 24 training pairs would be dropped "
+                                        r"\(24 for an empty side\)"):
+        prepare(text_cfg(tmp_path))
+
+
+# --- sentencepiece normalisation -------------------------------------------------------------------
+
+SPECIAL = ["wait for it …", "add ½ a cup", "a ﬁne ﬁsh", "page\u00a012", "the cat … sits"]
+ROUND_TRIP = "the dog … eats ½ of a ﬁne ﬁsh on page\u00a012"  # each character mid-sentence
+
+
+def special_corpus(tmp_path) -> None:
+    d = tmp_path / "corpus"
+    write_text(d, "train", (EN + SPECIAL) * 3, (DE + SPECIAL) * 3)
+    write_text(d, "valid", EN[:3], DE[:3])
+    write_text(d, "test", [ROUND_TRIP], [ROUND_TRIP])
+
+
+def test_default_normalization_round_trips_the_text(tmp_path):
+    """spm's default nmt_nfkc wrote '…' as '...', '½' as '1⁄2', 'ﬁ' as 'fi', U+00A0 as a space."""
+    special_corpus(tmp_path)
+    cfg = text_cfg(tmp_path, spm_model_type=SpmModel.bpe, vocab_size=120)
+    assert cfg.spm_normalization == SpmNormalization.identity
+    corpus = prepare(cfg)
+    tok = corpus.tokenizer
+    assert tok.decode(tok.encode([ROUND_TRIP])) == [ROUND_TRIP]
+    ids = corpus.ids("test")  # the cached encoding too
+    assert tok.decode([ids.tgt.tolist()]) == [ROUND_TRIP]
+    assert corpus.meta["config"]["spm_normalization"] == "identity"
+
+
+def test_normalization_is_configurable_and_in_the_cache_key(tmp_path):
+    special_corpus(tmp_path)
+    default = text_cfg(tmp_path, spm_model_type=SpmModel.bpe, vocab_size=120)
+    nfkc = text_cfg(tmp_path, spm_model_type=SpmModel.bpe, vocab_size=120,
+                    spm_normalization=SpmNormalization.nmt_nfkc)
+    assert cache_key(nfkc) != cache_key(default)
+    tok = prepare(nfkc).tokenizer
+    assert tok.decode(tok.encode([ROUND_TRIP])) == ["the dog ... eats 1⁄2 of a fine fish on page 12"]
+
 # --- Hugging Face sources, offline: local data of the same shape as the Hub datasets ---------
 
 WMT_README = """---
@@ -194,6 +295,24 @@ def test_hf_unknown_split_and_language(tmp_path, wmt_local):
     with pytest.raises(UserError, match=r"data\.src=cs: .* has languages \['de', 'en'\]"):
         load_pairs(hf_cfg(tmp_path, wmt_local, src="cs"))
 
+
+
+def test_hf_nul_and_missing_text_name_split_and_row(tmp_path):
+    path = tmp_path / "multi30k"
+    splits = {"train": "train", "valid": "validation"}
+
+    def save(train_de):
+        datasets.DatasetDict({
+            "train": datasets.Dataset.from_dict({"en": EN[:3], "de": train_de}),
+            "validation": datasets.Dataset.from_dict({"en": EN[:3], "de": DE[:3]}),
+        }).save_to_disk(str(path))
+
+    save([DE[0], "ein h\x00und", DE[2]])
+    with pytest.raises(UserError, match=r"multi30k, split 'train', row 1 \(counting from 0\), data\.tgt=de: NUL"):
+        load_pairs(hf_cfg(tmp_path, path, hf_name=None, splits=splits))
+    save([DE[0], DE[1], None])
+    with pytest.raises(UserError, match=r"split 'train', row 2 \(counting from 0\): no text for data\.tgt=de"):
+        load_pairs(hf_cfg(tmp_path, path, hf_name=None, splits=splits))
 
 def test_hub_unreachable_gives_a_clear_error(tmp_path):
     with pytest.raises(UserError, match=r"could not load wmt/wmt14 \(config de-en\).*local copy"):

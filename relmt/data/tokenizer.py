@@ -22,11 +22,14 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model_type: str,
                     character_coverage: float = 1.0, input_sentence_size: int = 2_000_000,
-                    seed: int = 1, num_threads: int = 2) -> None:
+                    seed: int = 1, num_threads: int = 2, normalization: str = "identity") -> None:
     """Train a sentencepiece model on `sentences` and write it to `path` atomically.
 
     `vocab_size` is an upper bound (hard_vocab_limit=False): a small corpus such as the toy one has
     fewer word types than a typical setting. Above `input_sentence_size` sentences, spm samples.
+    `normalization` is spm's normalization_rule_name (config.SpmNormalization). spm's own default,
+    nmt_nfkc, rewrites '…' as '...' and 'ﬁ' as 'fi' for good, so the decoded output could never match
+    such characters in a raw reference; identity keeps them.
     """
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
@@ -35,6 +38,10 @@ def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model
         model_type=model_type, character_coverage=character_coverage,
         input_sentence_size=input_sentence_size, shuffle_input_sentence=True, hard_vocab_limit=False,
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, num_threads=num_threads,
+        normalization_rule_name=normalization,
+        # Leading, trailing and repeated spaces are still squeezed, under every rule: BLEU splits on
+        # whitespace, so they never change a score, and keeping them would spend pieces on space runs.
+        remove_extra_whitespaces=True,
         minloglevel=2,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
