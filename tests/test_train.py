@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from relmt.config import compose
+from relmt.config import ModelConfig, compose
+from relmt.data.batching import Batch
 from relmt.errors import UserError
-from relmt.train import checkpoint
+from relmt.model.transformer import build_model
+from relmt.train import checkpoint, distributed
 from relmt.train import loop as loop_module
 from relmt.train.loss import label_smoothed_nll
 from relmt.train.optim import inverse_sqrt_lr, noam_lr
@@ -177,6 +181,7 @@ def test_train_writes_every_artifact(tmp_path):
     saved = json.loads((run / "metrics.json").read_text())
     for key in ("final_valid", "best", "steps", "wall_seconds", "tokens_per_s", "params", "test"):
         assert key in saved
+    assert saved["test_checkpoint_rule"] == "best" and saved["test_checkpoint"].endswith("best.pt")
     assert set(saved["test"]) == {"test", "test_long"}
     assert "BLEU" in saved["test"]["test"]["signature"] or "tok:13a" in saved["test"]["test"]["signature"]
     ck = checkpoint.load(run / "checkpoints/last.pt")
@@ -217,11 +222,112 @@ def test_resume_needs_a_compatible_checkpoint(tmp_path):
     with pytest.raises(UserError, match="last.pt: no such checkpoint"):
         loop_module.train(tiny_config(tmp_path, "nothing", "train.resume=true"))
     loop_module.train(tiny_config(tmp_path, "run"))
-    with pytest.raises(UserError, match="model config differs"):
+    with pytest.raises(UserError, match=r"cannot resume with model.d_model=48 \(saved: 32\)"):
         loop_module.train(tiny_config(tmp_path, "run", "train.resume=true", "model.d_model=48"))
-    (tmp_path / "run/checkpoints/last.pt").write_bytes(b"garbage")
-    with pytest.raises(UserError, match="not a readable checkpoint"):
+    for path in (tmp_path / "run/checkpoints").glob("*.pt"):
+        path.write_bytes(b"garbage")
+    with pytest.raises(UserError, match="(?s)not a readable checkpoint.*no readable step_N.pt"):
         loop_module.train(tiny_config(tmp_path, "run", "train.resume=true"))
+
+
+def no_data(monkeypatch) -> None:
+    """Fail the test if the data is prepared (errors should come before that work)."""
+    def prepare(cfg):
+        raise AssertionError("the data was prepared before the error")
+
+    monkeypatch.setattr(loop_module, "prepare", prepare)
+
+
+def test_resume_refuses_settings_that_change_the_batch_order(tmp_path, monkeypatch):
+    loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false"))
+    no_data(monkeypatch)
+    for override, saved in [("seed=2", "1"), ("train.max_tokens=256", "512"), ("train.update_freq=2", "1"),
+                            ("train.max_sentences=8", "0"), ("data.toy.n_train=300", "400")]:
+        key, value = override.split("=")
+        with pytest.raises(UserError, match=rf"last.pt: cannot resume with {key}={value} \(saved: {saved}\)"):
+            loop_module.train(tiny_config(tmp_path, "run", "train.resume=true", "train.max_steps=8", override))
+
+
+def test_resume_falls_back_to_the_newest_readable_step_checkpoint(tmp_path, caplog):
+    run = tmp_path / "run"
+    loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_steps=6"))
+    # last.pt is a hard link to step_6.pt, so the flipped bytes damage both; step_3.pt is intact.
+    last = run / "checkpoints/last.pt"
+    data = bytearray(last.read_bytes())
+    middle = len(data) // 2
+    data[middle: middle + 64] = bytes(b ^ 0xFF for b in data[middle: middle + 64])
+    last.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="relmt.train.loop"):
+        metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_steps=8",
+                                                "train.resume=true"))
+    assert f"resuming from {run / 'checkpoints/step_3.pt'} instead" in caplog.text
+    assert metrics["status"] == "completed" and metrics["steps"] == 8
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if r["tag"] == "train"]
+    assert steps == list(range(1, 9))  # steps 4-6 of the first run were dropped, then logged again
+
+
+def test_resume_trims_the_metrics_log_and_purges_tensorboard(tmp_path, monkeypatch):
+    """After a kill -9 the log holds steps after the last save (here 5, 6 and a cut-off line)."""
+    run = tmp_path / "run"
+    common = ("train.valid_bleu=false", "train.save_every=4", "train.eval_every=4")
+    loop_module.train(tiny_config(tmp_path, "run", "train.max_steps=4", *common))
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "tag": "train", "loss": 1.0}\n{"step": 6, "tag": "train", "loss": 1.0}\n{"step": 7, "ta')
+    purge_steps = []
+
+    class Writer(loop_module.SummaryWriter):
+        def __init__(self, logdir, purge_step=None):
+            purge_steps.append(purge_step)
+            super().__init__(logdir, purge_step=purge_step)
+
+    monkeypatch.setattr(loop_module, "SummaryWriter", Writer)
+    loop_module.train(tiny_config(tmp_path, "run", "train.max_steps=6", "train.resume=true", *common))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["tag"] == "train"] == list(range(1, 7))
+    assert [r["step"] for r in records if r["tag"] == "valid"] == [4, 6]
+    assert purge_steps == [5]  # TensorBoard drops the events of steps >= 5 from the earlier run
+
+
+def test_cuda_without_cuda_fails_before_the_data_is_prepared(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_data(monkeypatch)
+    with pytest.raises(UserError, match="train.device=cuda: .*use cpu or auto"):
+        loop_module.train(tiny_config(tmp_path, "run", "train.device=cuda"))
+    # relmt-translate resolves its device=... the same way
+    with pytest.raises(UserError, match="^device=cuda:1: "):
+        distributed.resolve_device("cuda:1")
+    with pytest.raises(UserError, match="device=gpu: not a device"):
+        distributed.resolve_device("gpu")
+
+
+def test_fp16_on_cpu_is_refused_before_the_data_is_prepared(tmp_path, monkeypatch):
+    no_data(monkeypatch)
+    with pytest.raises(UserError, match="train.precision=fp16 needs a CUDA device"):
+        loop_module.train(tiny_config(tmp_path, "run", "train.device=cpu", "train.precision=fp16"))
+
+
+def test_the_ddp_timeout_comes_from_the_config(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    d = distributed.setup("cpu", timeout_minutes=90)
+    assert (d.rank, d.world_size) == (1, 2)
+    assert calls == [("gloo", {"timeout": timedelta(minutes=90)})]
+
+    seen = []
+
+    def setup(device, timeout_minutes):
+        seen.append(timeout_minutes)
+        raise UserError("stop here")
+
+    monkeypatch.setattr(distributed, "setup", setup)
+    with pytest.raises(UserError, match="stop here"):
+        loop_module.train(tiny_config(tmp_path, "run", "train.dist_timeout_minutes=120"))
+    assert seen == [120]
 
 
 def nan_at(steps: set[int], monkeypatch):
@@ -251,6 +357,121 @@ def test_too_many_nan_losses_in_a_row_stop_with_a_clear_error(tmp_path, monkeypa
     nan_at({2, 3, 4}, monkeypatch)
     with pytest.raises(UserError, match="NaN/inf for 3 updates in a row.*train.lr"):
         loop_module.train(tiny_config(tmp_path, "run", "train.max_bad_steps=3", "train.valid_bleu=false"))
+
+
+def tiny_step_setup(scaler_enabled: bool = False, init_scale: float = 2.0 ** 10):
+    """A small model, Adam, one batch and a hook that puts an inf into one gradient when armed."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                      attention_dropout=0.0, activation_dropout=0.0)
+    model = build_model(cfg, 20, 0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, enabled=scaler_enabled)
+    src = torch.randint(4, 20, (2, 5))
+    tgt = torch.randint(4, 20, (2, 6))
+    batch = Batch(src, tgt[:, :-1], tgt[:, 1:], torch.arange(2))
+    armed = {"inf": False}
+    weight = next(p for p in model.parameters() if p.dim() == 2)
+
+    def hook(grad):
+        if armed["inf"]:
+            grad = grad.clone()
+            grad.view(-1)[0] = math.inf
+        return grad
+
+    weight.register_hook(hook)
+    dist = distributed.Dist(0, 1, torch.device("cpu"))
+
+    def step():
+        return loop_module.train_step(model, model, optimizer, scaler, [batch], 1e-3, 0.1, None, dist)
+
+    return model, optimizer, scaler, armed, step
+
+
+def test_an_inf_gradient_with_a_finite_loss_leaves_the_weights_unchanged():
+    model, optimizer, _, armed, step = tiny_step_setup()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    armed["inf"] = True
+    loss, *_, grad_norm = step()
+    assert math.isfinite(loss) and grad_norm == math.inf
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert not optimizer.state  # Adam never stepped: its moments hold no inf either
+    armed["inf"] = False
+    step()  # the next, finite update does step
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_fp16_grad_scaler_lowers_its_scale_on_an_inf_gradient():
+    model, _, scaler, armed, step = tiny_step_setup(scaler_enabled=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    armed["inf"] = True
+    step()
+    assert scaler.get_scale() == 2.0 ** 9
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    armed["inf"] = False
+    step()
+    assert scaler.get_scale() == 2.0 ** 9
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_an_inf_gradient_in_training_is_skipped_and_counted(tmp_path, monkeypatch):
+    real_build = loop_module.build_model
+    backward = {"n": 0}
+
+    def build_with_inf_at_update_3(*args):
+        model = real_build(*args)
+
+        def hook(grad):
+            backward["n"] += 1
+            if backward["n"] == 3:
+                grad = grad.clone()
+                grad.view(-1)[0] = math.inf
+            return grad
+
+        next(model.parameters()).register_hook(hook)
+        return model
+
+    monkeypatch.setattr(loop_module, "build_model", build_with_inf_at_update_3)
+    metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false"))
+    assert backward["n"] == 6 and metrics["status"] == "completed" and metrics["skipped_updates"] == 1
+    ck = checkpoint.load(tmp_path / "run/checkpoints/last.pt")
+    assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+
+
+def test_fp16_overflows_are_counted_but_do_not_stop_the_run(tmp_path, monkeypatch):
+    """GradScaler starts at a scale of 2^16, so early fp16 steps often overflow; each halves the
+    scale and is skipped, and only a collapsed scale would count toward train.max_bad_steps."""
+    real_build = loop_module.build_model
+    backward = {"n": 0}
+
+    def build_with_inf_at_updates_1_to_4(*args):
+        model = real_build(*args)
+
+        def hook(grad):
+            backward["n"] += 1
+            return grad * math.inf if backward["n"] <= 4 else grad
+
+        next(model.parameters()).register_hook(hook)
+        return model
+
+    monkeypatch.setattr(loop_module, "build_model", build_with_inf_at_updates_1_to_4)
+    monkeypatch.setattr(loop_module, "autocast_dtype", lambda precision, device: torch.float16)  # CPU: no CUDA here
+    metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_bad_steps=2"))
+    # 4 injected overflows in a row (more than max_bad_steps), plus any the halved scales still cause
+    assert metrics["status"] == "completed" and 4 <= metrics["skipped_updates"] < 6
+    ck = checkpoint.load(tmp_path / "run/checkpoints/last.pt")
+    assert ck["scaler"]["scale"] == 2.0 ** (16 - metrics["skipped_updates"])
+
+
+def test_a_second_signal_stops_at_once():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with loop_module.stop_signals() as received:
+        signal.raise_signal(signal.SIGTERM)
+        assert received == {"signal": "SIGTERM"}  # the first one only asks the loop to stop
+        with pytest.raises(KeyboardInterrupt, match="a second signal \\(SIGINT\\): stopped at once"):
+            signal.raise_signal(signal.SIGINT)
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_update_freq_accumulates_micro_batches(tmp_path):

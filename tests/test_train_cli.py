@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from relmt.cli import EXIT_INTERRUPTED, _train_job, guarded
+from relmt.config import compose
 from relmt.train import checkpoint
 
 RELMT_TRAIN = str(Path(sys.executable).parent / "relmt-train")
@@ -78,13 +80,13 @@ def test_bad_overrides_fail_with_a_clear_message(tmp_path, override, message):
     assert "Traceback" not in done.stderr
 
 
-def test_sigterm_finishes_the_step_saves_and_exits_cleanly(tmp_path):
+def test_sigterm_finishes_the_step_saves_and_exits_with_the_interrupted_status(tmp_path):
     proc = start(tmp_path, "run", "train.max_steps=100000", "train.save_every=100000", "train.eval_every=100000")
     run = tmp_path / "run"
     wait_for(lambda: len(logged_steps(run)) >= 3, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == EXIT_INTERRUPTED == 3, err  # non-zero: a scheduler requeues the job
     ck = checkpoint.load(run / "checkpoints/last.pt")
     assert ck["step"] == max(logged_steps(run))  # nothing after the last finished update is lost
     assert json.loads((run / "metrics.json").read_text())["status"] == "interrupted"
@@ -109,6 +111,45 @@ def test_kill_9_then_resume_loses_at_most_one_save_interval(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["status"] == "completed" and metrics["steps"] == 60
     assert f"resumed from {run / 'checkpoints/last.pt'} at step {saved}" in (run / "train.log").read_text()
+    assert logged_steps(run) == list(range(1, 61))  # the steps after the last save are logged once
+
+
+def job_config(tmp_path: Path):
+    from omegaconf import OmegaConf
+
+    cfg = compose([*TINY, f"data.cache_dir={tmp_path / 'cache'}"])
+    cfg.out_dir = str(tmp_path)
+    return OmegaConf.structured(cfg)
+
+
+@pytest.mark.parametrize("outcome", ["second signal", "first signal"])
+def test_an_interrupted_run_exits_with_the_interrupted_status(tmp_path, monkeypatch, capsys, outcome):
+    def interrupted_train(cfg):
+        if outcome == "second signal":
+            raise KeyboardInterrupt("a second signal (SIGINT): stopped at once, without saving")
+        return {"status": "interrupted", "best": {"value": None}}
+
+    monkeypatch.setattr("relmt.train.loop.train", interrupted_train)
+    with pytest.raises(SystemExit) as exited:
+        try:
+            _train_job(job_config(tmp_path))
+        except KeyboardInterrupt:  # would stop the whole pytest session
+            pytest.fail("KeyboardInterrupt escaped _train_job")
+    assert exited.value.code == EXIT_INTERRUPTED
+    if outcome == "second signal":
+        assert "relmt-train: interrupted: a second signal (SIGINT)" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_other_commands_exits_with_the_interrupted_status(capsys):
+    def command(argv):
+        raise KeyboardInterrupt
+
+    try:
+        code = guarded("relmt-average", command, [])
+    except KeyboardInterrupt:  # would stop the whole pytest session
+        pytest.fail("KeyboardInterrupt escaped guarded")
+    assert code == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "relmt-average: interrupted\n"
 
 
 @pytest.mark.slow

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from relmt.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -21,23 +24,49 @@ class Dist:
         return self.rank == 0
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0, key: str = "device") -> torch.device:
+    """auto | cpu | cuda | cuda:N as a torch.device; `key` names the setting in errors. A CUDA device
+    that is not there fails here, before any data is prepared, rather than deep inside `.to()`."""
+    given = name
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         name = f"cuda:{local_rank}"
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None:  # checked outside the except block, so torch's long list is not appended
+        raise UserError(f"{key}={given}: not a device; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        _check_cuda(device, f"{key}={given}")
+    return device
 
 
-def setup(device: str) -> Dist:
-    """Join the process group that torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK."""
+def _check_cuda(device: torch.device, setting: str) -> None:
+    if not torch.cuda.is_available():
+        why = "this PyTorch was built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise UserError(f"{setting}: {why} (torch {torch.__version__}); use cpu or auto")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UserError(f"{setting}: {device} is not there; this machine has {count} CUDA device(s), "
+                        "numbered from 0")
+
+
+def setup(device: str, timeout_minutes: float = 60.0) -> Dist:
+    """Join the process group that torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK.
+
+    Rank 0 alone builds a missing data cache, validates and decodes the test sets while the other
+    ranks wait in a collective; `timeout_minutes` (train.dist_timeout_minutes) bounds that wait.
+    NCCL's own default, 10 minutes, is shorter than a WMT cache build or a long validation."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    dev = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
+    dev = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
     if world > 1 and not dist.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=timeout_minutes))
     return Dist(rank, world, dev)
 
 

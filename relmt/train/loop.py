@@ -13,10 +13,12 @@ import hashlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +43,14 @@ from relmt.train.optim import build_optimizer, learning_rate
 
 log = logging.getLogger(__name__)
 
+# fp16: below this loss scale, gradient overflows count as a diverged run (fairseq's min_loss_scale)
+MIN_LOSS_SCALE = 1e-4
+# Settings that change the data or the batch order: a resume with other values would not continue
+# the saved run but silently train on other batches. Other settings (max_steps, eval_every,
+# logging, device, decoding) may change on resume.
+BATCH_ORDER_KEYS = ("seed", "train.max_tokens", "train.max_sentences", "train.update_freq")
+DATA_KEYS_FREE_ON_RESUME = ("data.cache_dir", "data.num_proc", "data.length_buckets")
+
 
 @dataclass
 class TrainState:
@@ -59,19 +69,28 @@ class TrainState:
 
 
 def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    if precision == Precision.fp16 and device.type == "cpu":
+        # CPU autocast to fp16 is emulated: it trains about 5x slower than fp32 and gains nothing
+        raise UserError("train.precision=fp16 needs a CUDA device (train.device resolved to cpu): use fp32, "
+                        "or bf16, on a CPU")
     if precision == Precision.auto:
         return torch.bfloat16 if device.type == "cuda" else None
     return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
 
 
 @contextmanager
-def stop_signals():
-    """SIGTERM / SIGINT set a flag; the loop finishes its update, saves last.pt and returns.
+def stop_signals() -> Iterator[dict[str, str]]:
+    """The first SIGTERM / SIGINT sets a flag; the loop finishes its update, saves last.pt and
+    returns. A second one raises KeyboardInterrupt at once, e.g. to leave a long validation.
     (Only the main thread may install handlers; a sweep worker thread keeps the defaults.)"""
     received: dict[str, str] = {}
 
-    def handler(signum, frame):
-        received["signal"] = signal.Signals(signum).name
+    def handler(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if "signal" in received:
+            raise KeyboardInterrupt(f"a second signal ({name}): stopped at once, without saving")
+        received["signal"] = name
+        log.warning("%s: stopping after this update and saving last.pt; send it again to stop at once", name)
 
     if threading.current_thread() is not threading.main_thread():
         yield received
@@ -84,6 +103,71 @@ def stop_signals():
             signal.signal(s, h)
 
 
+def resume_checkpoint(ckpt_dir: Path) -> tuple[Path, dict]:
+    """checkpoints/last.pt, or if it cannot be read, the newest step_N.pt that can (a crash or a
+    full disk may damage last.pt while an older step file is intact)."""
+    last = ckpt_dir / "last.pt"
+    try:
+        return last, checkpoint.load(last)
+    except UserError as e:
+        problem = e
+    for path in reversed(checkpoint.step_files(ckpt_dir)):
+        try:
+            ck = checkpoint.load(path)
+        except UserError as e:
+            log.warning("%s", e)
+            continue
+        log.warning("%s; resuming from %s instead, the newest readable step checkpoint", problem, path)
+        return path, ck
+    raise UserError(f"{problem}; and no readable step_N.pt in {ckpt_dir} to resume from instead")
+
+
+def flat(values: dict, prefix: str = "") -> dict[str, object]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}"""
+    out: dict[str, object] = {}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resume_config(saved: dict, current: dict, path: Path) -> None:
+    """Refuse a resume whose model, data or batch order differs from the saved run's; log the
+    other settings that changed. Keys one side lacks (added to relmt since) are not compared."""
+    old, new = flat(saved), flat(current)
+    changed = [k for k in new if k in old and old[k] != new[k] and k not in ("train.resume", "out_dir")]
+    refused = [k for k in changed if k.startswith("model.") or k in BATCH_ORDER_KEYS
+               or (k.startswith("data.") and k not in DATA_KEYS_FREE_ON_RESUME)]
+    if refused:
+        diffs = ", ".join(f"{k}={new[k]} (saved: {old[k]})" for k in refused)
+        raise UserError(f"{path}: cannot resume with {diffs}: the model, data or batch order would differ "
+                        "from the saved run's; restore those settings, or start a new run directory")
+    if changed:
+        log.info("resuming with changed settings: %s", ", ".join(f"{k}={new[k]} (was {old[k]})" for k in changed))
+
+
+def trim_history(path: Path, step: int) -> None:
+    """Keep only the metrics.jsonl records up to `step` (and drop a line cut short by a kill)."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    if len(kept) < len(lines):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, path)
+        log.info("%s: dropped %d records logged after step %d, the resumed one", path, len(lines) - len(kept),
+                 step)
+
+
 def improved(value: float, best: float | None, metric: BestMetric) -> bool:
     return best is None or (value > best if metric == BestMetric.bleu else value < best)
 
@@ -93,11 +177,12 @@ def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.op
                amp: torch.dtype | None, dist: distributed.Dist, ddp: DistributedDataParallel | None = None,
                clip_norm: float = 0.0) -> tuple[float, float, float, float, float]:
     """One update: forward and backward over `batches` (micro-batches on the device), then one
-    optimizer step at learning rate `lr`, unless the summed loss is NaN/inf (then no step).
+    optimizer step at learning rate `lr`, unless the summed loss or the gradient norm is NaN/inf
+    (then no step).
 
     `net` is what runs the forward (model, its DDP wrapper, or a compiled one); `model` owns the
     parameters. Returns (smoothed loss, nll, target tokens, source tokens) summed over ranks, and
-    the gradient norm before clipping (NaN when the step was skipped).
+    the gradient norm before clipping (NaN when the loss was not finite, so it was not computed).
     """
     for g in optimizer.param_groups:
         g["lr"] = lr
@@ -118,8 +203,11 @@ def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.op
         scaler.unscale_(optimizer)
         torch._foreach_mul_([p.grad for p in params], dist.world_size / n_tgt)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf).item()
-        scaler.step(optimizer)
-        scaler.update()
+        # An inf/NaN gradient with a finite loss would make every weight NaN after one Adam step:
+        # skip the step, as fairseq does. Every rank holds the same reduced gradients, so all skip.
+        if math.isfinite(grad_norm):
+            scaler.step(optimizer)
+        scaler.update()  # with fp16, lowers the loss scale after the inf that unscale_ found
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, nll_sum, n_tgt, n_src, grad_norm
 
@@ -129,13 +217,23 @@ def train(cfg: Config) -> dict:
     t_start = time.perf_counter()
     tcfg, out = cfg.train, Path(cfg.out_dir)
     ckpt_dir = out / "checkpoints"
-    dist = distributed.setup(tcfg.device)
+    dist = distributed.setup(tcfg.device, tcfg.dist_timeout_minutes)
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # only rank 0 logs and saves
+    amp = autocast_dtype(tcfg.precision, dist.device)  # device and precision fail before the data work
     if tcfg.num_threads:
         torch.set_num_threads(tcfg.num_threads)
     tune_cpu()
     torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
+
+    # A resume is checked before the data is prepared: a refused one should not wait for a cache build.
+    last, ck, ck_path = ckpt_dir / "last.pt", None, None
+    if tcfg.resume:
+        ck_path, ck = resume_checkpoint(ckpt_dir)
+        check_resume_config(ck["config"], to_dict(cfg), ck_path)
+    elif last.is_file():
+        raise UserError(f"{out} already holds a run ({last}): pass train.resume=true to continue it, "
+                        "or choose another hydra.run.dir")
 
     # Data: rank 0 builds the cache if needed, then every other rank loads it.
     corpus = prepare(cfg.data) if dist.is_main else None
@@ -154,33 +252,31 @@ def train(cfg: Config) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s positions, %.2fM parameters", cfg.model.positions.value, n_params / 1e6)
     optimizer = build_optimizer(model, tcfg)
-    amp = autocast_dtype(tcfg.precision, dist.device)
     scaler = torch.amp.GradScaler(dist.device.type, enabled=amp == torch.float16)
     state = TrainState()
     spm = {"path": str(tokenizer.path), "sha256": tokenizer.sha256(), "model": tokenizer.model_bytes()}
 
-    last = ckpt_dir / "last.pt"
-    if tcfg.resume:
-        ck = checkpoint.load(last)
-        if ck["config"]["model"] != to_dict(cfg.model):
-            raise UserError(f"{last}: its model config differs from this run's: {ck['config']['model']}")
+    if ck is not None:
         if ck["spm"]["sha256"] != spm["sha256"]:
-            raise UserError(f"{last}: trained with another vocabulary ({ck['spm']['path']})")
-        checkpoint.load_model_state(model, ck["model"], last)
+            raise UserError(f"{ck_path}: trained with another vocabulary ({ck['spm']['path']})")
+        checkpoint.load_model_state(model, ck["model"], ck_path)
         optimizer.load_state_dict(ck["optim"])
         scaler.load_state_dict(ck["scaler"])
         state = TrainState(**ck["state"])
         checkpoint.set_rng_state(ck["rng"][dist.rank % len(ck["rng"])])
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", last, state.step, state.epoch,
+        ck = None  # the model copied the weights: drop the loaded ones
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", ck_path, state.step, state.epoch,
                  state.batch)
-    elif last.is_file():
-        raise UserError(f"{out} already holds a run ({last}): pass train.resume=true to continue it, "
-                        "or choose another hydra.run.dir")
 
     ddp = DistributedDataParallel(model) if dist.world_size > 1 else None
     net = torch.compile(ddp or model) if tcfg.compile else (ddp or model)
-    writer = SummaryWriter(str(out / "tb")) if dist.is_main else None
-    history = (out / "metrics.jsonl").open("a") if dist.is_main else None
+    writer, history = None, None
+    if dist.is_main:
+        # After a kill -9 the log holds the steps since the last save; the resumed run logs them again.
+        if ck_path is not None:
+            trim_history(out / "metrics.jsonl", state.step)
+        writer = SummaryWriter(str(out / "tb"), purge_step=state.step + 1 if ck_path is not None else None)
+        history = (out / "metrics.jsonl").open("a")
     bar = tqdm(total=tcfg.max_steps or None, initial=state.step, unit="step", dynamic_ncols=True,
                disable=not (dist.is_main and tcfg.progress and sys.stderr.isatty()))
 
@@ -207,17 +303,25 @@ def train(cfg: Config) -> dict:
         batches = [collate(train_ids, index).to(dist.device) for index in group]
         out = train_step(model, net, optimizer, scaler, batches, lr, tcfg.label_smoothing, amp, dist, ddp,
                          tcfg.clip_norm)
-        if math.isfinite(out[0]):
+        loss, grad_norm = out[0], out[4]
+        if math.isfinite(loss) and math.isfinite(grad_norm):
             state.bad_in_row = 0
-        else:
-            state.bad_in_row, state.bad_total = state.bad_in_row + 1, state.bad_total + 1
-            log.warning("step %d: loss is %s; update skipped (%d in a row)", state.step + 1, out[0],
-                        state.bad_in_row)
-            if state.bad_in_row >= tcfg.max_bad_steps:
-                raise UserError(
-                    f"the loss was NaN/inf for {state.bad_in_row} updates in a row (step {state.step + 1}, lr "
-                    f"{lr:.3g}, precision {tcfg.precision.value}): lower train.lr, set train.clip_norm, or "
-                    f"use train.precision=fp32; the last checkpoint is {last}")
+            return out
+        state.bad_total += 1
+        if scaler.is_enabled() and math.isfinite(loss) and scaler.get_scale() >= MIN_LOSS_SCALE:
+            # fp16: an overflowing gradient is GradScaler's cue to halve the loss scale and go on;
+            # only a collapsed scale means the run diverged (fairseq's min_loss_scale)
+            log.info("step %d: fp16 gradient overflow; update skipped, loss scale now %g", state.step + 1,
+                     scaler.get_scale())
+            return out
+        state.bad_in_row += 1
+        what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm} (loss {loss:.4g})"
+        log.warning("step %d: %s; update skipped (%d in a row)", state.step + 1, what, state.bad_in_row)
+        if state.bad_in_row >= tcfg.max_bad_steps:
+            raise UserError(
+                f"the loss or gradient was NaN/inf for {state.bad_in_row} updates in a row (step {state.step + 1}, "
+                f"lr {lr:.3g}, precision {tcfg.precision.value}): lower train.lr, set train.clip_norm, or "
+                f"use train.precision=fp32; the last checkpoint is {last}")
         return out
 
     def log_window(w: dict, lr: float) -> None:
@@ -308,6 +412,7 @@ def train(cfg: Config) -> dict:
         if test_ckpt.is_file() and test_ckpt != last:
             checkpoint.load_model_state(model, checkpoint.load(test_ckpt)["model"], test_ckpt)
         metrics["test_checkpoint"] = str(test_ckpt if test_ckpt.is_file() else last)
+        metrics["test_checkpoint_rule"] = tcfg.test_checkpoint
         metrics["test"], hyps, splits = {}, [], [s for s in corpus.splits if s not in ("train", "valid")]
         for split in splits:
             out_file = out / "translations" / f"{split}.{cfg.data.tgt}"
