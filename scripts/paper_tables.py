@@ -6,10 +6,16 @@ directories that contain them (a Hydra multirun sweep dir, searched recursively)
 whose status is not "completed", aggregates seeds as mean ± sample std (n), and writes into --out:
 - NAME.md: analogues of the paper's Tables 1-3 with the paper's numbers beside relmt's, BLEU by
   source length, and a check of the paper's claims against the measured means (also printed);
+  under each table, the checkpoint rule and the BLEU metric it used, flagged where they mix or
+  differ from the paper's;
 - NAME_k.png: BLEU against the clipping distance k (symlog x axis, so that k = 0 shows);
 - NAME_length.png: BLEU by source-length bucket for abs, rel and both;
 - NAME.json: everything aggregated, machine-readable.
 Runs are grouped by data set and model size; a report may hold several groups.
+
+Two metrics (PAPER.md, BLEU conventions): sacreBLEU in the relmt columns, and beside the paper's
+numbers the tokenized, compound-split BLEU that the paper's figures follow (metrics.json's
+"tokenized_bleu"; a run written before relmt stored it shows "–" there, and the table says so).
 
     python scripts/paper_tables.py runs/reproduce_toy --out docs/results --name toy --title "Toy corpus"
 """
@@ -44,6 +50,20 @@ PAPER_TABLE1 = {("base", "EN-DE"): {"abs": 26.5, "rel": 26.8}, ("big", "EN-DE"):
 PAPER_TABLE2 = {0: 12.5, 1: 25.5, 2: 25.8, 4: 25.9, 16: 25.8, 64: 25.9, 256: 25.8}
 # Table 3: base model, EN-DE newstest2013 BLEU; keys are (a^K on, a^V on), in the order of the rows.
 PAPER_TABLE3 = {(True, True): 25.8, (True, False): 25.8, (False, True): 25.3, (False, False): 12.5}
+# The checkpoint the paper reports (PAPER.md, Setup): the base model's last one, no averaging; the big
+# model's average of its last 20. Tables 2 and 3 are base-model tables.
+PAPER_RULE = {"base": "last", "big": "averaged"}
+RULES = ("best", "last", "averaged")
+RULE_TEXT = {"best": "best (the checkpoint with the best validation score)",
+             "last": "last (the weights after the final update)",
+             "averaged": "averaged (the mean of the last train.average_last step checkpoints)",
+             "unknown": "unknown (neither metrics.json nor config.yaml says)"}
+PAPER_RULE_TEXT = {"last": "the last checkpoint, no averaging",
+                   "averaged": "the average of the last 20 checkpoints (saved every 10 minutes)"}
+# metrics.json's final_valid is the validation at the end of training (relmt/train/loop.py validates
+# when the last update is done), so the valid columns always score the last checkpoint.
+VALID_RULE = "last"
+TOKENIZED = "tokenized BLEU"
 EPS = 1e-9  # float slack for the "≤" criteria, so that e.g. 25.8 - 25.3 counts as 0.5
 DASH = "–"
 THRESHOLDS_NOTE = ("The thresholds in these criteria are our own choice for judging noisy small-scale runs, "
@@ -67,10 +87,14 @@ class Run:
     values: bool
     seed: int | None
     beam: int | None
-    valid_bleu: float | None
-    test_bleu: dict[str, float]  # split -> BLEU, in the order of metrics.json
+    valid_bleu: float | None  # sacreBLEU
+    test_bleu: dict[str, float]  # split -> sacreBLEU, in the order of metrics.json
     buckets: list[dict] = field(default_factory=list)  # by_source_length buckets
     length_splits: list[str] = field(default_factory=list)
+    valid_tok: float | None = None  # tokenized, compound-split BLEU; None in an older metrics.json
+    test_tok: dict[str, float] = field(default_factory=dict)
+    tok_label: str | None = None  # how the tokenized BLEU was computed (Moses language etc.)
+    test_rule: str = "unknown"  # which checkpoint the test splits scored: best | last | averaged
 
     @property
     def full_rel(self) -> bool:
@@ -156,20 +180,36 @@ def model_label(d_model: int) -> str:
     return MODEL_LABELS.get(d_model, f"d{d_model}")
 
 
+def checkpoint_rule(cfg: dict, metrics: dict) -> str:
+    """The checkpoint rule of the test splits: the name of metrics.json's test_checkpoint, the file
+    that was scored (best.pt, last.pt, averaged.pt; the loop falls back to last.pt when the asked-for
+    one is missing), else metrics.json's test_checkpoint_rule, else config.yaml's
+    train.test_checkpoint, else "unknown"."""
+    named = Path(str(metrics.get("test_checkpoint") or "")).stem
+    for rule in (named, metrics.get("test_checkpoint_rule"), (cfg.get("train") or {}).get("test_checkpoint")):
+        if rule in RULES:
+            return str(rule)
+    return "unknown"
+
+
 def load_run(path: Path) -> Run:
     """Parse one run directory; raises KeyError/TypeError/ValueError on a malformed one."""
     cfg = yaml.safe_load((path / "config.yaml").read_text())
     metrics = json.loads((path / "metrics.json").read_text())
     model, decode = cfg["model"], cfg.get("decode") or {}
     lengths = metrics.get("by_source_length") or {}
+    valid, tests = metrics.get("final_valid") or {}, metrics.get("test") or {}
+    labels = [r.get("tokenized_label") for r in (valid, *tests.values()) if r.get("tokenized_label")]
     return Run(path=path, data=str(cfg["data"]["name"]), d_model=int(model["d_model"]),
                positions=str(model["positions"]), k=int(model["max_relative_position"]),
                keys=bool(model["relative_keys"]), values=bool(model["relative_values"]),
-               seed=cfg.get("seed"), beam=decode.get("beam"),
-               valid_bleu=(metrics.get("final_valid") or {}).get("bleu"),
-               test_bleu={split: float(r["bleu"]) for split, r in (metrics.get("test") or {}).items()
-                          if r.get("bleu") is not None},
-               buckets=list(lengths.get("buckets") or []), length_splits=list(lengths.get("splits") or []))
+               seed=cfg.get("seed"), beam=decode.get("beam"), valid_bleu=valid.get("bleu"),
+               test_bleu={split: float(r["bleu"]) for split, r in tests.items() if r.get("bleu") is not None},
+               buckets=list(lengths.get("buckets") or []), length_splits=list(lengths.get("splits") or []),
+               valid_tok=valid.get("tokenized_bleu"),
+               test_tok={split: float(r["tokenized_bleu"]) for split, r in tests.items()
+                         if r.get("tokenized_bleu") is not None},
+               tok_label=labels[0] if labels else None, test_rule=checkpoint_rule(cfg, metrics))
 
 
 def read_runs(dirs: list[Path]) -> tuple[list[Run], list[tuple[Path, str]]]:
@@ -199,10 +239,18 @@ def aggregate(values: Iterable[float | None]) -> Stat | None:
     return Stat(float(xs.mean()), float(xs.std(ddof=1)) if xs.size > 1 else 0.0, int(xs.size))
 
 
+def tok(split: str) -> str:
+    """The stats key of a split's tokenized BLEU."""
+    return f"tok:{split}"
+
+
 def bleu_stats(runs: list[Run], splits: list[str]) -> dict[str, Stat | None]:
-    """Validation BLEU and each test split's BLEU over `runs`."""
+    """Validation and test sacreBLEU (keys "valid" and the split names) and tokenized BLEU (keys
+    "tok:valid", "tok:SPLIT") over `runs`."""
     stats = {"valid": aggregate(r.valid_bleu for r in runs)}
     stats.update({s: aggregate(r.test_bleu.get(s) for r in runs) for s in splits})
+    stats[tok("valid")] = aggregate(r.valid_tok for r in runs)
+    stats.update({tok(s): aggregate(r.test_tok.get(s) for r in runs) for s in splits})
     return stats
 
 
@@ -263,6 +311,30 @@ def ablation_paper_label(group: Group) -> str:
     return f"paper (base, WMT14 EN-DE newstest2013{suffix})"
 
 
+def paper_rule(group: Group, table: str) -> str:
+    """The checkpoint rule behind the paper's numbers in `table`: Tables 2 and 3 are base-model tables;
+    Table 1 follows the group's model size, with the base model's rule for sizes the paper lacks."""
+    return PAPER_RULE["base"] if table != "positions" else PAPER_RULE.get(group.model, PAPER_RULE["base"])
+
+
+def table_notes(group: Group, runs: list[Run], beside: str, table: str) -> dict:
+    """What a table measured: the metric beside the paper's column (tokenized BLEU of split `beside`),
+    and the checkpoint rule of each kind of column, with flags for mixed rules and for a rule that
+    differs from the paper's."""
+    scored = [r for r in runs if (r.valid_bleu if beside == "valid" else r.test_bleu.get(beside)) is not None]
+    has_tok = [r for r in runs if (r.valid_tok if beside == "valid" else r.test_tok.get(beside)) is not None]
+    test_rules = dict(sorted(Counter(r.test_rule for r in runs if r.test_bleu).items()))
+    used = set(test_rules) | ({VALID_RULE} if any(r.valid_bleu is not None for r in runs) else set())
+    beside_rules = {VALID_RULE} if beside == "valid" else {r.test_rule for r in has_tok or runs}
+    paper = paper_rule(group, table)
+    # "scored": runs with sacreBLEU on that split; those of them without tokenized BLEU are older runs
+    return {"beside_paper": {"split": beside, "metric": TOKENIZED, "scored": len(scored), "with_metric": len(has_tok),
+                             "labels": ordered_union([r.tok_label] for r in runs if r.tok_label)},
+            "checkpoints": {"valid": VALID_RULE, "test": test_rules, "paper": paper,
+                            "beside_paper": sorted(beside_rules), "used": sorted(used), "mixed": len(used) > 1,
+                            "matches_paper": beside_rules == {paper}}}
+
+
 def table_rows(rows: list[tuple[Hashable, list[Run], dict[str, Stat | None]]], name: str | tuple[str, ...],
                paper: Callable[[Any], float | None]) -> list[dict]:
     """JSON-able rows: the key under `name` (a tuple of names for a tuple key), seeds, stats, paper."""
@@ -274,11 +346,19 @@ def table_rows(rows: list[tuple[Hashable, list[Run], dict[str, Stat | None]]], n
     return out
 
 
+def members(rows: list[tuple[Hashable, list[Run], dict[str, Stat | None]]]) -> list[Run]:
+    return [r for _, runs, _ in rows for r in runs]
+
+
 def positions_table(group: Group) -> dict | None:
-    """Table 1 analogue: abs, rel, both (and none) at k_default with a^K and a^V on."""
+    """Table 1 analogue: abs, rel, both (and none) at k_default with a^K and a^V on. The paper's
+    numbers are newstest2014 (test) BLEU, so the test split's tokenized BLEU sits beside them."""
     label, paper = table1_paper(group)
     rows = grouped_rows(positions_runs(group), lambda r: r.positions, POSITIONS, group.splits)
-    return {"paper_label": label, "rows": table_rows(rows, "positions", paper.get)} if rows else None
+    if not rows:
+        return None
+    return {"paper_label": label, "rows": table_rows(rows, "positions", paper.get),
+            **table_notes(group, members(rows), group.main_split or "test", "positions")}
 
 
 def k_table(group: Group) -> dict | None:
@@ -288,7 +368,9 @@ def k_table(group: Group) -> dict | None:
     # One k is no sweep, only a copy of Table 1's rel row.
     if len(rows) < 2:
         return None
-    return {"paper_label": ablation_paper_label(group), "rows": table_rows(rows, "k", PAPER_TABLE2.get)}
+    # The paper's Table 2 is newstest2013 (validation) BLEU: valid tokenized BLEU sits beside it.
+    return {"paper_label": ablation_paper_label(group), "rows": table_rows(rows, "k", PAPER_TABLE2.get),
+            **table_notes(group, members(rows), "valid", "k")}
 
 
 def kv_table(group: Group) -> dict | None:
@@ -298,7 +380,8 @@ def kv_table(group: Group) -> dict | None:
     if len(rows) < 2:  # (yes, yes) alone is no ablation
         return None
     return {"paper_label": ablation_paper_label(group),
-            "rows": table_rows(rows, ("relative_keys", "relative_values"), PAPER_TABLE3.get)}
+            "rows": table_rows(rows, ("relative_keys", "relative_values"), PAPER_TABLE3.get),
+            **table_notes(group, members(rows), "valid", "kv")}  # Table 3 is newstest2013 BLEU too
 
 
 def bucket_bleu(run: Run, label: str) -> float | None:
@@ -317,7 +400,8 @@ def length_table(group: Group) -> dict | None:
         counts = sorted({b["sentences"] for r in runs for b in r.buckets if b["bucket"] == label})
         stats = {p: aggregate(bucket_bleu(r, label) for r in runs if r.positions == p) for p in columns}
         rows.append({"bucket": label, "sentences": counts, "bleu": stats})
-    return {"splits": ordered_union(r.length_splits for r in runs), "columns": columns, "rows": rows}
+    return {"splits": ordered_union(r.length_splits for r in runs), "columns": columns, "rows": rows,
+            "checkpoints": {"test": dict(sorted(Counter(r.test_rule for r in runs).items()))}}
 
 
 # ---------------------------------------------------------------- claims
@@ -457,34 +541,76 @@ def bleu_columns(group: Group) -> list[str]:
     return ["valid"] + group.splits
 
 
-def bleu_header(group: Group) -> list[str]:
-    return [f"{c} BLEU" for c in bleu_columns(group)]
+def bleu_header(group: Group, beside: str) -> list[str]:
+    """sacreBLEU per split, then the tokenized BLEU of `beside` (the column next to the paper's)."""
+    return [f"{c} sacreBLEU" for c in bleu_columns(group)] + [f"{beside} {TOKENIZED}"]
+
+
+def bleu_cells(group: Group, row: dict, beside: str) -> list[str]:
+    return [fmt(row["bleu"][c]) for c in bleu_columns(group)] + [fmt(row["bleu"].get(tok(beside)))]
+
+
+def rules_text(counts: dict[str, int]) -> str:
+    if len(counts) == 1:
+        return RULE_TEXT[next(iter(counts))]
+    return ", ".join(f"{rule} in {plural(n, 'run')}" for rule, n in counts.items())
+
+
+def md_notes(group: Group, table: dict) -> str:
+    """The lines under a table: its metrics and its checkpoint rules, with flags."""
+    side, ckpt = table["beside_paper"], table["checkpoints"]
+    split = side["split"]
+    labels = "; ".join(f"`{label}`" for label in side["labels"]) or "Moses + compound splitting, tokenize=none"
+    metric = (f"Metric: the relmt BLEU columns are sacreBLEU (detokenized, tokenizer 13a). Beside the paper's "
+              f"column is **{split} {TOKENIZED}**, the paper-comparable metric (PAPER.md, BLEU conventions: "
+              "the paper does not name its BLEU; this is t2t's EN-DE convention, about 0.7 above sacreBLEU on "
+              f"one published model), computed as {labels}.")
+    if group.pair == "EN-FR":
+        metric += (" PAPER.md states this convention for EN-DE (t2t's get_ende_bleu.sh) and not for EN-FR; relmt "
+                   "uses it for EN-FR too, as fairseq's EN-FR figures (compound-split) do.")
+    missing = side["scored"] - side["with_metric"]
+    if side["scored"] and not side["with_metric"]:
+        metric += (f" No run here has {TOKENIZED} (a metrics.json from before relmt stored it), so that column "
+                   "shows – and no relmt figure is comparable with the paper's.")
+    elif missing:
+        metric += (f" {missing} of the {side['scored']} runs scored on {split} have no {TOKENIZED} (an older "
+                   "metrics.json); its cells average the runs that have it (n in each cell).")
+    valid = RULE_TEXT[ckpt["valid"]].split(" (")[0]
+    checkpoints = (f"Checkpoints: the valid columns score the {valid} checkpoint (validation after the final update); "
+                   f"the test columns score {rules_text(ckpt['test']) if ckpt['test'] else DASH}. "
+                   f"The paper reports {PAPER_RULE_TEXT[ckpt['paper']]}.")
+    if ckpt["mixed"]:
+        checkpoints += f" **Mixed checkpoint rules**: this table's columns come from {', '.join(ckpt['used'])}."
+    if not ckpt["matches_paper"]:
+        checkpoints += (f" **Not the paper's rule**: the column beside the paper scores "
+                        f"{' and '.join(ckpt['beside_paper'])}, the paper {ckpt['paper']}.")
+    return f"{metric}\n\n{checkpoints}"
 
 
 def md_positions(group: Group, table: dict) -> str:
-    header = ["positions", *bleu_header(group), table["paper_label"]]
-    rows = [[r["positions"], *(fmt(r["bleu"][c]) for c in bleu_columns(group)), fmt(r["paper"])]
-            for r in table["rows"]]
+    beside = table["beside_paper"]["split"]
+    header = ["positions", *bleu_header(group, beside), table["paper_label"]]
+    rows = [[r["positions"], *bleu_cells(group, r, beside), fmt(r["paper"])] for r in table["rows"]]
     return (f"### Table 1 analogue: position representations (Shaw et al. 2018, Table 1)\n\n"
             f"a^K and a^V on; rel and both at k = {group.k_default}. Each cell: mean ± std (n seeds). "
-            f"The paper reports newstest2014 BLEU.\n\n{md_table(header, rows)}")
+            f"The paper reports newstest2014 BLEU.\n\n{md_table(header, rows)}\n\n{md_notes(group, table)}")
 
 
 def md_k(group: Group, table: dict) -> str:
-    header = ["k", *bleu_header(group), table["paper_label"]]
-    rows = [[str(r["k"]), *(fmt(r["bleu"][c]) for c in bleu_columns(group)), fmt(r["paper"])] for r in table["rows"]]
+    header = ["k", *bleu_header(group, "valid"), table["paper_label"]]
+    rows = [[str(r["k"]), *bleu_cells(group, r, "valid"), fmt(r["paper"])] for r in table["rows"]]
     return ("### Table 2 analogue: clipping distance k (Shaw et al. 2018, Table 2)\n\n"
             "rel positions, a^K and a^V on. The paper reports newstest2013 (development set) BLEU, "
-            f"so its column compares with the valid column.\n\n{md_table(header, rows)}")
+            f"so its column compares with the valid columns.\n\n{md_table(header, rows)}\n\n{md_notes(group, table)}")
 
 
 def md_kv(group: Group, table: dict) -> str:
-    header = ["a^K", "a^V", *bleu_header(group), table["paper_label"]]
-    rows = [[yes_no(r["relative_keys"]), yes_no(r["relative_values"]),
-             *(fmt(r["bleu"][c]) for c in bleu_columns(group)), fmt(r["paper"])] for r in table["rows"]]
+    header = ["a^K", "a^V", *bleu_header(group, "valid"), table["paper_label"]]
+    rows = [[yes_no(r["relative_keys"]), yes_no(r["relative_values"]), *bleu_cells(group, r, "valid"),
+             fmt(r["paper"])] for r in table["rows"]]
     return ("### Table 3 analogue: a^K and a^V (Shaw et al. 2018, Table 3)\n\n"
-            f"rel positions, k = {group.k_default}. The paper reports newstest2013 (development set) BLEU."
-            f"\n\n{md_table(header, rows)}")
+            f"rel positions, k = {group.k_default}. The paper reports newstest2013 (development set) BLEU, "
+            f"so its column compares with the valid columns.\n\n{md_table(header, rows)}\n\n{md_notes(group, table)}")
 
 
 def md_length(table: dict) -> str:
@@ -492,10 +618,13 @@ def md_length(table: dict) -> str:
     rows = [[r["bucket"], DASH.join(str(n) for n in r["sentences"]), *(fmt(r["bleu"][c]) for c in table["columns"])]
             for r in table["rows"]]
     splits = " + ".join(table["splits"]) or "the test splits"
+    rules = table["checkpoints"]["test"]
+    mixed = f" **Mixed checkpoint rules**: {', '.join(rules)}." if len(rules) > 1 else ""
     return ("### BLEU by source length (length generalisation, the motivation of clipping in Shaw et al. 2018 §3.2)"
             "\n\n"
             f"sacreBLEU per source-length bucket over {splits} pooled, for the runs of the positions "
-            f"comparison; mean ± std (n seeds).\n\n{md_table(header, rows)}")
+            f"comparison; mean ± std (n seeds).\n\n{md_table(header, rows)}\n\n"
+            f"Checkpoints: the test splits score {rules_text(rules)}.{mixed}")
 
 
 def md_group(group: Group) -> str:
@@ -573,23 +702,29 @@ def no_data(ax: Any, text: str) -> None:
 
 
 def plot_k(groups: list[Group], path: Path) -> None:
-    """Main-split BLEU against k per group, with the paper's Table 2 for reference."""
+    """BLEU against k per group, with the paper's Table 2 for reference: the table's column beside the
+    paper (valid tokenized BLEU), or, for runs without it, main-split sacreBLEU, labelled as such."""
     fig = new_figure(6.5, 4.2)
     ax = fig.add_subplot()
     ks: set[int] = set()
     for group in groups:
-        table, split = group.tables["k"], group.main_split
-        if table is None or split is None:
+        table = group.tables["k"]
+        if table is None:
             continue
+        key, label = tok("valid"), f"valid {TOKENIZED}"
+        if not any(r["bleu"].get(key) for r in table["rows"]):
+            if group.main_split is None:
+                continue
+            key, label = group.main_split, f"{group.main_split} sacreBLEU"
         xs = [r["k"] for r in table["rows"]]
-        means, stds = mean_std([r["bleu"].get(split) for r in table["rows"]])
-        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=f"{group.name}: {split}")
+        means, stds = mean_std([r["bleu"].get(key) for r in table["rows"]])
+        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=f"{group.name}: {label}")
         ks.update(xs)
     if not ks:
         no_data(ax, "no k sweep in these runs")
     else:
         ax.plot(list(PAPER_TABLE2), list(PAPER_TABLE2.values()), "k--", marker="x", alpha=0.6,
-                label="paper: base, WMT14 EN-DE newstest2013")
+                label=f"paper: base, WMT14 EN-DE newstest2013, {TOKENIZED}")
         ks.update(PAPER_TABLE2)
         ax.set_xscale("symlog", linthresh=1)  # symlog, not log: k = 0 is the paper's collapse point
         ax.set_xticks(sorted(ks))

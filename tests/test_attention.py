@@ -1,25 +1,27 @@
-"""The efficient relative attention equals Shaw et al. §3 written out naively in float64.
+"""The efficient relative attention equals Shaw et al. §3 written out naively.
 
 The reference loops over (i, j), materialises a^K_ij and a^V_ij, and follows eqs. (3)-(4) of the
-paper literally. The layer under test never builds those (n, m, d) tensors.
+paper literally. The layer under test never builds those (n, m, d) tensors. It is pinned in float64
+(to rounding) and in float32, the precision training uses on CPU, through the routes training takes.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
 import torch
 
+from relmt.dropout import keep_mask as dropout_keep_mask
 from relmt.model.attention import MultiHeadAttention
 from relmt.model.positions import RelativePositions, relative_index
 
-pytestmark = pytest.mark.usefixtures("float64")
-
 
 def naive_attention(mha: MultiHeadAttention, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor,
-                    q_offset: int) -> torch.Tensor:
-    """x: (B, n, d) queries, y: (B, m, d) keys/values input, keep: (B, n, m) bool."""
+                    q_offset: int, dropped: torch.Tensor | None = None) -> torch.Tensor:
+    """x: (B, n, d) queries, y: (B, m, d) keys/values input, keep: (B, n, m) bool. `dropped`, if given,
+    multiplies the attention weights alpha (B, H, n, m): a dropout mask already scaled by 1 / (1 - p)."""
     B, n, d = x.shape
     m = y.shape[1]
     H, D = mha.n_heads, mha.d_head
@@ -28,12 +30,12 @@ def naive_attention(mha: MultiHeadAttention, x: torch.Tensor, y: torch.Tensor, k
     q = (x @ mha.q_proj.weight.T + mha.q_proj.bias).view(B, n, H, D)
     k = (y @ W_k.T).view(B, m, H, D)
     v = (y @ W_v.T + mha.v_bias).view(B, m, H, D)
-    z = torch.zeros(B, n, H, D)
+    z = torch.zeros(B, n, H, D, dtype=x.dtype)
     for i in range(n):
-        e = torch.full((B, H, m), float("-inf"))
-        a_v = torch.zeros(m, H, D)
+        e = torch.full((B, H, m), float("-inf"), dtype=x.dtype)
+        a_v = torch.zeros(m, H, D, dtype=x.dtype)
         for j in range(m):
-            a_k = torch.zeros(H, D)
+            a_k = torch.zeros(H, D, dtype=x.dtype)
             if rel is not None:
                 # a_ij = w_{clip(j - i, k)} (Shaw §3.2), with query i at absolute position i + q_offset
                 kk = rel.max_relative_position
@@ -46,6 +48,8 @@ def naive_attention(mha: MultiHeadAttention, x: torch.Tensor, y: torch.Tensor, k
             score = ((q[:, i] * (k[:, j] + a_k)).sum(-1)) / D ** 0.5  # (B, H)
             e[:, :, j] = torch.where(keep[:, i, j, None], score, e[:, :, j])
         alpha = torch.softmax(e, dim=-1)  # (B, H, m)
+        if dropped is not None:  # dropout on the weights, before both terms of eq. (3)
+            alpha = alpha * dropped[:, :, i]
         for j in range(m):
             # eq. (3): z_i = sum_j alpha_ij (v_j + a^V_ij)
             z[:, i] += alpha[:, :, j, None] * (v[:, j] + a_v[j])
@@ -53,9 +57,9 @@ def naive_attention(mha: MultiHeadAttention, x: torch.Tensor, y: torch.Tensor, k
 
 
 def make_layer(k: int | None, keys: bool, values: bool, share: bool, d_model: int = 12,
-               heads: int = 3) -> MultiHeadAttention:
+               heads: int = 3, dropout: float = 0.0) -> MultiHeadAttention:
     rel = None if k is None else RelativePositions(heads, d_model // heads, k, keys, values, share)
-    mha = MultiHeadAttention(d_model, heads, dropout=0.0, rel=rel)
+    mha = MultiHeadAttention(d_model, heads, dropout=dropout, rel=rel)
     with torch.no_grad():  # non-zero biases so that they are checked too
         for p in mha.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -70,6 +74,7 @@ CASES = list(itertools.product(
 ))
 
 
+@pytest.mark.usefixtures("float64")
 @pytest.mark.parametrize("k,kv,share,mode", CASES)
 def test_efficient_equals_naive_outputs_and_gradients(k, kv, share, mode):
     torch.manual_seed(hash((k, kv, share, mode)) % 2**31)
@@ -116,6 +121,7 @@ def test_relative_index_clips_and_offsets():
     assert relative_index(2, 2, 0).tolist() == [[0, 0], [0, 0]]
 
 
+@pytest.mark.usefixtures("float64")
 @pytest.mark.parametrize("kv", [(True, True), (True, False), (False, True)])
 def test_zeroed_tables_equal_plain_attention(kv):
     torch.manual_seed(0)
@@ -142,3 +148,110 @@ def test_tables_are_separate_and_shaped_by_sharing():
     assert RelativePositions(4, 8, 3, keys=False).w_k is None
     with pytest.raises(ValueError, match="max_relative_position"):
         RelativePositions(4, 8, -1)
+
+
+# --- float32, through the routes training takes -------------------------------------------------
+# MultiHeadAttention picks its route from the table set: no tables (abs positions, and every
+# cross-attention) -> fused SDPA; a^K only -> SDPA with q·a^K as a float bias; a^V on -> attention
+# written out (Shaw §3.3). Training calls it as: encoder self-attention with a padding mask; decoder
+# self-attention with causal=True and no mask (so abs takes SDPA's is_causal kernel); cross-attention
+# with the source padding mask.
+#
+# Dropout in train mode: the written-out route draws its mask from relmt.dropout, which takes it from
+# the default generator, so reseeding replays the very mask and the reference applies it (p = 0.1).
+# The SDPA routes drop inside the kernel, whose mask cannot be replayed; there the layer runs in train
+# mode with attention dropout 0, which is the same kernel call training makes, minus the mask.
+#
+# Tolerances (rtol = atol): float32 has eps 1.2e-7. Over 200 seeds of every case below, the smallest
+# tolerance that passed was 8.7e-7 for outputs and 6.1e-6 for gradients (parameter gradients sum
+# over B x n positions, so they round more). 5e-6 and 3e-5 leave a margin of about 5x, and stay far
+# below the error of a real mistake (a wrong distance label or a missing bias moves outputs by ~1e-1).
+F32_ROUTES = {  # route: (k, a^K, a^V)
+    "abs": (None, False, False),  # fused SDPA (also every cross-attention)
+    "keys": (4, True, False),  # SDPA with the a^K bias
+    "values": (4, False, True),  # written out
+    "both": (4, True, True),  # written out
+}
+F32_CASES = [(route, call, train) for route in F32_ROUTES for call in ("encoder", "decoder")
+             for train in (False, True)] + [("abs", "cross", False), ("abs", "cross", True)]
+F32_TOL = {"output": 5e-6, "grad": 3e-5}  # rtol = atol
+
+
+def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records how the layer calls SDPA: "is_causal", "bool mask", "float bias" or "no mask"."""
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        kind = "is_causal" if is_causal else "no mask" if attn_mask is None else (
+            "bool mask" if attn_mask.dtype == torch.bool else "float bias")
+        calls.append(kind)
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def float32_case(route: str, call: str, train: bool, seed: int) -> tuple[list[str], list, list]:
+    """Names, the layer's float32 output and gradients, and the float64 reference's, for one call."""
+    k, keys, values = F32_ROUTES[route]
+    written_out = values  # a^V on: attention is written out and its dropout mask can be replayed
+    p = 0.1 if train and written_out else 0.0
+    torch.manual_seed(seed)
+    mha = make_layer(k, keys, values, share=seed % 2 == 1, dropout=p).train(train)  # float32
+    ref = copy.deepcopy(mha).double()
+    B, n, m, d = 3, 7, 7, 12
+    if call == "cross":
+        m = 5
+    x = torch.randn(B, n, d, requires_grad=True)
+    y = torch.randn(B, m, d, requires_grad=True) if call == "cross" else None
+    lengths = torch.tensor([m, m - 2, 1 if call == "cross" else m - 3])
+    pad_keep = torch.arange(m)[None, :] < lengths[:, None]  # (B, m)
+    if call == "decoder":  # training: causal, no padding mask (padded targets only leave the loss)
+        mask, keep = None, (torch.arange(m)[None, :] <= torch.arange(n)[:, None]).expand(B, n, m)
+    else:
+        mask, keep = pad_keep[:, None, None, :], pad_keep[:, None, :].expand(B, n, m)
+    kv_in = y if y is not None else x
+
+    torch.manual_seed(seed + 1)
+    out = mha(x, *mha.project_kv(kv_in), mask=mask, causal=call == "decoder")
+    dropped = None
+    if p:
+        torch.manual_seed(seed + 1)  # the same draw as the layer's, on a (B, H, n, m) tensor
+        drop_keep, p_used = dropout_keep_mask(torch.Size([B, mha.n_heads, n, m]), p)
+        dropped = drop_keep.double() / (1 - p_used)
+    x64 = x.detach().double().requires_grad_()
+    y64 = y.detach().double().requires_grad_() if y is not None else None
+    expected = naive_attention(ref, x64, y64 if y64 is not None else x64, keep, 0, dropped)
+
+    w = torch.randn(B, n, d)
+    leaves = [x] + ([y] if y is not None else []) + list(mha.parameters())
+    leaves64 = [x64] + ([y64] if y64 is not None else []) + list(ref.parameters())
+    grads = torch.autograd.grad((out * w).sum(), leaves)
+    grads64 = torch.autograd.grad((expected * w.double()).sum(), leaves64)
+    names = ["output", "grad x", *(["grad y"] if y is not None else []),
+             *(f"grad {name}" for name, _ in mha.named_parameters())]
+    return names, [out, *grads], [expected, *grads64]
+
+
+@pytest.mark.parametrize("route,call,train", F32_CASES)
+def test_float32_equals_naive_reference_on_training_routes(route, call, train, monkeypatch):
+    calls = sdpa_calls(monkeypatch)
+    names, got, want = float32_case(route, call, train, seed=sum(map(ord, route + call)) + train)
+    # the route the comment above names for this case is the one taken
+    expected_route = {"abs": ["is_causal" if call == "decoder" else "bool mask"],
+                      "keys": ["float bias"], "values": [], "both": []}[route]
+    assert calls == expected_route
+    assert all(t.dtype == torch.float32 for t in got) and all(t.dtype == torch.float64 for t in want)
+    for name, a, b in zip(names, got, want, strict=True):
+        tol = F32_TOL["output" if name == "output" else "grad"]
+        torch.testing.assert_close(a, b.float(), rtol=tol, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_float32_train_mode_replays_the_dropout_mask():
+    """The train-mode comparison of the written-out route really has dropout in it: the same layer
+    gives other outputs in eval mode, and the reference given the replayed mask matches."""
+    names, train_out, want = float32_case("both", "encoder", True, seed=3)
+    _, eval_out, _ = float32_case("both", "encoder", False, seed=3)
+    assert (train_out[0] - eval_out[0]).abs().max() > 1e-2
+    tol = F32_TOL["output"]
+    torch.testing.assert_close(train_out[0], want[0].float(), rtol=tol, atol=tol)

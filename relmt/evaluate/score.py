@@ -17,11 +17,19 @@ import re
 
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesTokenizer
+from sacremoses.corpus import NonbreakingPrefixes
 
 from relmt.errors import UserError
 
 DEFAULT_BUCKETS = (10, 20, 30, 40, 60)  # upper edges: 1-10, 11-20, 21-30, 31-40, 41-60, 61+
 _COMPOUND = re.compile(r"(\S)-(\S)")
+_MOSES_LANGS = frozenset(NonbreakingPrefixes().available_langs.values())
+
+
+def moses_lang(code: str) -> str:
+    """`code` if Moses has nonbreaking prefixes for it, else "en" (what Moses' tokenizer.perl falls
+    back to). The toy corpus's "tgt", or a file suffix such as "txt", thus tokenizes as English."""
+    return code if code in _MOSES_LANGS else "en"
 
 
 def split_compounds(text: str) -> str:
@@ -29,21 +37,31 @@ def split_compounds(text: str) -> str:
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
 
 
+def chrf_score(hyps: list[str], refs: list[str]) -> dict:
+    """chrF (Popovic 2015) with sacreBLEU's defaults, and its signature."""
+    chrf = CHRF()
+    return {"score": chrf.corpus_score(hyps, [refs]).score, "signature": str(chrf.get_signature())}
+
+
 def sacrebleu_scores(hyps: list[str], refs: list[str]) -> dict:
-    bleu, chrf = BLEU(), CHRF()
-    b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
+    bleu = BLEU()
+    b = bleu.corpus_score(hyps, [refs])
     return {"sacrebleu": {"score": b.score, "signature": str(bleu.get_signature()), "text": str(b)},
-            "chrf": {"score": c.score, "signature": str(chrf.get_signature())}}
+            "chrf": chrf_score(hyps, refs)}
 
 
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> dict:
-    """Paper-comparable BLEU: Moses tokenization + compound splitting, then tokenize='none'."""
+    """Paper-comparable BLEU: Moses tokenization + compound splitting, then tokenize='none'.
+    A language Moses does not know tokenizes as English (`moses_lang`); the label names the one used."""
+    lang = moses_lang(lang)
     moses = MosesTokenizer(lang=lang)
 
     def prep(s: str) -> str:
         return split_compounds(moses.tokenize(s, return_str=True, escape=False))
 
-    bleu = BLEU(tokenize="none")
+    # force: the input is tokenized on purpose, so sacreBLEU's "forgot to detokenize?" warning (on 100
+    # lines ending in " .", i.e. on every real test set here) does not apply; the signature is the same.
+    bleu = BLEU(tokenize="none", force=True)
     score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]])
     return {"score": score.score, "signature": str(bleu.get_signature()),
             "label": f"tokenized BLEU: Moses ({lang}) + compound splitting, tokenize=none (not sacreBLEU)"}
@@ -71,10 +89,18 @@ def bucketed_bleu(hyps: list[str], refs: list[str], srcs: list[str], edges: tupl
 
 def score(hyps: list[str], refs: list[str], srcs: list[str] | None = None, lang: str = "en",
           buckets: tuple[int, ...] = DEFAULT_BUCKETS, names: tuple[str, str, str] = ("hyp", "ref", "src")) -> dict:
-    """Every figure above as one JSON-able dict."""
+    """Every figure above as one JSON-able dict. `names` name the inputs in error messages.
+
+    Hypotheses that are all empty score 0 (a system that output nothing). References that are all
+    empty are an error: BLEU and chrF have nothing to count against, and sacreBLEU would report a
+    meaningless 0 (or, for no lines at all, fail)."""
     if len(hyps) != len(refs):
         raise UserError(f"{names[0]} has {len(hyps)} lines but {names[1]} has {len(refs)}: "
                         "hypotheses and references must be line-aligned")
+    if not refs:
+        raise UserError(f"hyp={names[0]} and ref={names[1]} are empty: nothing to score")
+    if not any(r.strip() for r in refs):
+        raise UserError(f"ref={names[1]}: all {len(refs)} lines are empty: no reference words to score against")
     if srcs is not None and len(srcs) != len(refs):
         raise UserError(f"{names[2]} has {len(srcs)} lines but {names[1]} has {len(refs)}")
     if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 1:
