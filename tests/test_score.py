@@ -19,7 +19,7 @@ from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import EOS_ID, PAD_ID
 from relmt.errors import UserError
 from relmt.evaluate import scoring
-from relmt.evaluate.score import bucketed_bleu, moses_lang, score, split_compounds, tokenized_bleu
+from relmt.evaluate.score import bucketed_bleu, lowercased_bleu, moses_lang, score, split_compounds, tokenized_bleu
 from relmt.model.transformer import build_model
 from relmt.train.loss import label_smoothed_nll
 
@@ -53,6 +53,17 @@ def test_tokenized_bleu_is_labelled_and_splits_compounds():
     assert tok["score"] == pytest.approx(expected)
     assert tok["score"] > BLEU(tokenize="none").corpus_score(["Die Auto-Industrie wächst ."],
                                                              [["Die Auto-Branche wächst ."]]).score
+
+
+def test_lowercased_bleu_lowercases_moses_tokens_without_splitting_compounds():
+    """The Multi30k literature's metric: case differences do not count, hyphens stay inside words."""
+    hyp, ref = ["die Auto-Industrie WÄCHST."], ["Die Auto-Branche wächst."]
+    lc = lowercased_bleu(hyp, ref, "de")
+    expected = BLEU(tokenize="none").corpus_score(["die auto-industrie wächst ."],
+                                                  [["die auto-branche wächst ."]]).score
+    assert lc["score"] == pytest.approx(expected)
+    assert lc["label"].startswith("lowercased tokenized BLEU") and "compound" not in lc["label"]
+    assert lc["score"] > tokenized_bleu(hyp, ref, "de", compound_split=False)["score"]
 
 
 def test_tokenized_bleu_raises_no_detokenize_warning(caplog):
@@ -196,6 +207,8 @@ def test_translate_split_stores_tokenized_bleu_beside_sacrebleu(tmp_path, monkey
     assert scores["tokenized_bleu"] == pytest.approx(expected["score"])
     assert scores["tokenized_signature"] == expected["signature"] and "tok:none" in expected["signature"]
     assert f"Moses ({lang}) + compound splitting" in scores["tokenized_label"]
+    assert scores["lowercased_bleu"] == pytest.approx(lowercased_bleu(hyps, refs, lang)["score"])
+    assert scores["lowercased_label"].startswith("lowercased tokenized BLEU")
     # validation may skip it
     quick, _ = scoring.translate_split(None, corpus, "valid", DecodeConfig(), torch.device("cpu"), tokenized=False)
     assert "tokenized_bleu" not in quick and quick["bleu"] == scores["bleu"]

@@ -50,21 +50,35 @@ def sacrebleu_scores(hyps: list[str], refs: list[str]) -> dict:
             "chrf": chrf_score(hyps, refs)}
 
 
-def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> dict:
-    """Paper-comparable BLEU: Moses tokenization + compound splitting, then tokenize='none'.
-    A language Moses does not know tokenizes as English (`moses_lang`); the label names the one used."""
+def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: bool = True,
+                   lowercase: bool = False) -> dict:
+    """BLEU on Moses tokens (`tokenize='none'`), as papers computed it before sacreBLEU.
+
+    The default is the paper-comparable EN-DE figure: Moses tokenization + compound splitting
+    (PAPER.md). `lowercase=True, compound_split=False` is the lowercased tokenized BLEU that most
+    Multi30k papers print (multi-bleu.perl on lowercased Moses tokens). A language Moses does not
+    know tokenizes as English (`moses_lang`); the label names the one used."""
     lang = moses_lang(lang)
     moses = MosesTokenizer(lang=lang)
 
     def prep(s: str) -> str:
-        return split_compounds(moses.tokenize(s, return_str=True, escape=False))
+        s = moses.tokenize(s, return_str=True, escape=False)
+        s = split_compounds(s) if compound_split else s
+        return s.lower() if lowercase else s
 
     # force: the input is tokenized on purpose, so sacreBLEU's "forgot to detokenize?" warning (on 100
     # lines ending in " .", i.e. on every real test set here) does not apply; the signature is the same.
     bleu = BLEU(tokenize="none", force=True)
     score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]])
+    how = [f"Moses ({lang})"] + ["compound splitting"] * compound_split + ["lowercased"] * lowercase
     return {"score": score.score, "signature": str(bleu.get_signature()),
-            "label": f"tokenized BLEU: Moses ({lang}) + compound splitting, tokenize=none (not sacreBLEU)"}
+            "label": f"{'lowercased ' if lowercase else ''}tokenized BLEU: {' + '.join(how)}, tokenize=none "
+                     "(not sacreBLEU)"}
+
+
+def lowercased_bleu(hyps: list[str], refs: list[str], lang: str) -> dict:
+    """The Multi30k literature's metric: lowercased Moses tokens, no compound splitting."""
+    return tokenized_bleu(hyps, refs, lang, compound_split=False, lowercase=True)
 
 
 def bucket_label(lo: int, hi: int | None) -> str:
@@ -106,7 +120,8 @@ def score(hyps: list[str], refs: list[str], srcs: list[str] | None = None, lang:
     if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 1:
         raise UserError(f"buckets={list(buckets)}: give increasing upper edges >= 1, e.g. [10,20,30,40,60]")
     result = {"sentences": len(hyps), **sacrebleu_scores(hyps, refs),
-              "tokenized_bleu": tokenized_bleu(hyps, refs, lang)}
+              "tokenized_bleu": tokenized_bleu(hyps, refs, lang),
+              "lowercased_bleu": lowercased_bleu(hyps, refs, lang)}
     if srcs is not None:
         result["by_source_length"] = bucketed_bleu(hyps, refs, srcs, tuple(buckets))
     return result
@@ -117,7 +132,8 @@ def report(result: dict) -> str:
     lines = [f"sentences: {result['sentences']}",
              f"sacreBLEU {result['sacrebleu']['score']:.2f}  ({result['sacrebleu']['signature']})",
              f"chrF      {result['chrf']['score']:.2f}  ({result['chrf']['signature']})",
-             f"{result['tokenized_bleu']['score']:.2f}  {result['tokenized_bleu']['label']}"]
+             f"{result['tokenized_bleu']['score']:.2f}  {result['tokenized_bleu']['label']}",
+             f"{result['lowercased_bleu']['score']:.2f}  {result['lowercased_bleu']['label']}"]
     if "by_source_length" in result:
         lines.append("BLEU by source length (words): " + ", ".join(
             f"{r['bucket']}: {'-' if r['bleu'] is None else format(r['bleu'], '.2f')} (n={r['sentences']})"

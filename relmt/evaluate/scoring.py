@@ -17,7 +17,7 @@ from relmt.data.batching import collate, pack
 from relmt.data.dataset import Corpus, SplitIds
 from relmt.decode.search import decode_split
 from relmt.evaluate.bleu import corpus_bleu
-from relmt.evaluate.score import chrf_score, moses_lang, tokenized_bleu
+from relmt.evaluate.score import chrf_score, lowercased_bleu, moses_lang, tokenized_bleu
 from relmt.model.transformer import Transformer
 from relmt.train.loss import label_smoothed_nll
 
@@ -66,7 +66,8 @@ def translate_split(model: Transformer, corpus: Corpus, split: str, cfg: DecodeC
 
     Scores, flat so that every number can be logged: sacreBLEU ("bleu", "signature"), chrF ("chrf",
     "chrf_signature") and, with `tokenized`, the paper-comparable tokenized BLEU ("tokenized_bleu",
-    "tokenized_signature", "tokenized_label"; PAPER.md, BLEU conventions). Decoding dominates the
+    "tokenized_signature", "tokenized_label"; PAPER.md, BLEU conventions) and the lowercased tokenized
+    BLEU of the Multi30k literature ("lowercased_bleu", "lowercased_label"). Decoding dominates the
     cost; the Moses tokenization of the tokenized BLEU adds a few percent, so it is on by default,
     also for validation: Tables 2 and 3 of the paper report validation (newstest2013) BLEU.
     """
@@ -83,4 +84,6 @@ def translate_split(model: Transformer, corpus: Corpus, split: str, cfg: DecodeC
         tok = tokenized_bleu(hyps, refs, target_lang(corpus))
         scores.update(tokenized_bleu=tok["score"], tokenized_signature=tok["signature"],
                       tokenized_label=tok["label"])
+        lc = lowercased_bleu(hyps, refs, target_lang(corpus))
+        scores.update(lowercased_bleu=lc["score"], lowercased_label=lc["label"])
     return scores, hyps
