@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tabulate import tabulate
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -134,10 +135,9 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
             return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
         return "" if v is None else str(v)
 
-    lines = ["| " + " | ".join(h for _, h in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(fmt(r.get(k)) for k, _ in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    # numbers are formatted above; tabulate must not parse them again ("1,234" is text to it)
+    return tabulate([[fmt(r.get(k)) for k, _ in columns] for r in rows], headers=[h for _, h in columns],
+                    tablefmt="github", disable_numparse=True)
 
 
 def write_json(path: str | Path, payload: dict) -> None:

@@ -115,7 +115,7 @@ class AverageArgs:
 def _average(argv: list[str]) -> None:
     from pathlib import Path
 
-    from relmt.train import checkpoint
+    from relmt import checkpoint
 
     args = parse_args(AverageArgs, argv)
     if bool(args.dir) == bool(args.checkpoints):
@@ -271,7 +271,7 @@ def _score(argv: list[str]) -> None:
     from pathlib import Path
 
     from relmt.data.sources import read_lines
-    from relmt.evaluate.score import moses_lang, report, score
+    from relmt.evaluate.metrics import moses_lang, report, score
 
     args = parse_args(ScoreArgs, argv)
     if args.lang and moses_lang(args.lang) != args.lang:

@@ -14,7 +14,22 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from relmt.model.positions import PosKind
+
+class PosKind(str, Enum):
+    """The single switch for position information (relmt/model/positions.py builds each kind)."""
+
+    abs = "abs"  # sinusoidal encodings added to the embeddings (Vaswani §3.5)
+    rel = "rel"  # Shaw §3: a^K, a^V inside encoder and decoder self-attention only
+    both = "both"  # sinusoidal inputs plus relative attention (Shaw §4.3: no further gain)
+    none = "none"  # no position information at all (Shaw Table 2, k = 0 row)
+
+    @property
+    def absolute(self) -> bool:
+        return self in (PosKind.abs, PosKind.both)
+
+    @property
+    def relative(self) -> bool:
+        return self in (PosKind.rel, PosKind.both)
 
 
 class Norm(str, Enum):
@@ -31,6 +46,9 @@ def _check(ok: bool, key: str, message: str) -> None:
 class ModelConfig:
     """Model shape and position strategy (presets in configs/model/)."""
 
+    # the preset's name: configs/model/<name>.yaml sets it, and each run's config.yaml records it, so
+    # that relmt-report groups runs by it rather than guessing the size from d_model; "" = no preset
+    name: str = ""
     d_model: int = 256
     n_heads: int = 4
     d_ff: int = 1024

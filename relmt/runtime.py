@@ -1,4 +1,7 @@
-"""Process-wide CPU settings that make training and decoding faster (docs/results/perf_log.md).
+"""The device to run on, and process-wide CPU settings that make training and decoding faster.
+
+`resolve_device` turns the device setting into a torch.device for training and translation alike.
+The CPU settings (docs/results/perf_log.md):
 
 - glibc's malloc serves every allocation above 32 MiB (and, by default, above a threshold that
   starts at 128 KiB) with a fresh mmap, and hands it back with munmap on free. Every new logits
@@ -21,6 +24,9 @@ import sys
 
 import torch
 
+from relmt.config import Precision
+from relmt.errors import UserError
+
 log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc <malloc.h>
@@ -41,3 +47,40 @@ def tune_cpu() -> dict[str, bool]:
     _applied.update(malloc_keeps_freed_memory=heap, flush_denormal=torch.set_flush_denormal(True))
     log.debug("CPU runtime settings: %s", _applied)
     return _applied
+
+
+def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype at `precision` on `device`, for training and decoding alike; None means
+    fp32. auto is bf16 on CUDA and fp32 on a CPU."""
+    if precision == Precision.auto:
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
+
+
+def resolve_device(name: str, local_rank: int = 0, key: str = "device") -> torch.device:
+    """auto | cpu | cuda | cuda:N as a torch.device; `key` names the setting in errors. A CUDA device
+    that is not there fails here, before any data is prepared, rather than deep inside `.to()`."""
+    given = name
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None:  # checked outside the except block, so torch's long list is not appended
+        raise UserError(f"{key}={given}: not a device; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        _check_cuda(device, f"{key}={given}")
+    return device
+
+
+def _check_cuda(device: torch.device, setting: str) -> None:
+    if not torch.cuda.is_available():
+        why = "this PyTorch was built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise UserError(f"{setting}: {why} (torch {torch.__version__}); use cpu or auto")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UserError(f"{setting}: {device} is not there; this machine has {count} CUDA device(s), "
+                        "numbered from 0")

@@ -25,14 +25,12 @@ from pathlib import Path
 import torch
 
 from relmt.bench import command_line, hardware, markdown_table, write_json
-from relmt.config import DataConfig, DecodeConfig, ModelConfig, Source, SpmModel
+from relmt.config import DataConfig, DecodeConfig, ModelConfig, PosKind, Source, SpmModel
 from relmt.data.dataset import prepare
 from relmt.data.tokenizer import PAD_ID
 from relmt.decode.translator import Translator
-from relmt.model.positions import PosKind
 from relmt.model.transformer import build_model
-from relmt.runtime import tune_cpu
-from relmt.train.distributed import resolve_device
+from relmt.runtime import resolve_device, tune_cpu
 
 
 def load_translators(args: argparse.Namespace, device: torch.device) -> tuple[dict[str, Translator], list[str]]:

@@ -30,14 +30,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from relmt.bench import command_line, hardware, markdown_table, sync, write_json
-from relmt.config import DataConfig, ModelConfig, Precision, Source, SpmModel, compose
+from relmt.config import DataConfig, ModelConfig, PosKind, Precision, Source, SpmModel, compose
 from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import prepare
 from relmt.data.tokenizer import PAD_ID
-from relmt.model.positions import PosKind
 from relmt.model.transformer import build_model
-from relmt.runtime import tune_cpu
-from relmt.train.distributed import Dist, resolve_device
+from relmt.runtime import resolve_device, tune_cpu
+from relmt.train.distributed import Dist
 from relmt.train.loop import autocast_dtype, train_step
 
 PEER_SEED = 1234

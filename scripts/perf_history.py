@@ -39,9 +39,8 @@ try:
     tune_cpu()
 except ImportError:
     pass
-from relmt.config import ModelConfig
+from relmt.config import ModelConfig, PosKind
 from relmt.decode.beam import beam_search
-from relmt.model.positions import PosKind
 from relmt.model.transformer import build_model
 from relmt.train.loss import label_smoothed_nll
 

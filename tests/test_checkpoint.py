@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from relmt import checkpoint
 from relmt.cli import EXIT_USER_ERROR, _average, guarded
 from relmt.errors import UserError
-from relmt.train import checkpoint
 
 
 def fake_payload(value: float, step: int = 1, model_config: dict | None = None, spm_sha: str = "abc") -> dict:
@@ -75,7 +75,7 @@ def test_a_format_1_checkpoint_without_checksum_loads_with_a_warning(tmp_path, c
     old = fake_payload(2.0)
     old["format"] = 1
     torch.save(old, tmp_path / "old.pt")
-    with caplog.at_level(logging.WARNING, logger="relmt.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="relmt.checkpoint"):
         ck = checkpoint.load(tmp_path / "old.pt")
     assert torch.equal(ck["model"]["w"], old["model"]["w"])
     assert "old.pt: written before checkpoints carried a checksum" in caplog.text

@@ -9,8 +9,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
 
-from relmt.config import ModelConfig, compose, config_dir
-from relmt.model.positions import PosKind
+from relmt.config import ModelConfig, PosKind, compose, config_dir
 from relmt.model.transformer import build_model
 
 MODEL_PRESETS = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml"))

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relmt.config import ModelConfig, Norm
+from relmt.config import ModelConfig, Norm, PosKind
 from relmt.decode.greedy import greedy_decode
-from relmt.model.positions import PosKind
 from relmt.model.transformer import build_model
 
 pytestmark = pytest.mark.usefixtures("float64")

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from relmt.config import ModelConfig, Norm
-from relmt.model.positions import PosKind, sinusoidal_encoding
+from relmt.config import ModelConfig, Norm, PosKind
+from relmt.model.positions import sinusoidal_encoding
 from relmt.model.transformer import build_model
 
 pytestmark = pytest.mark.usefixtures("float64")

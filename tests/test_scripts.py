@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,18 @@ def test_bench_attention_runs(tmp_path):
     for r in rows:
         assert r["abs_ms"] > 0 and r["rel_ms"] > 0 and r["naive_ms"] > 0
         assert r["rel_mb"] > 0 and r["naive_mb"] > 0
-    assert "| n | batch |" in md.read_text()
+    assert re.search(r"^\| n +\| batch +\|", md.read_text(), re.M)
+
+
+def test_markdown_table_keeps_its_number_format():
+    from relmt.bench import markdown_table
+
+    table = markdown_table([{"a": 0.012345, "b": 1234.4, "c": None}, {"a": 7, "b": "x|y"}],
+                           [("a", "small"), ("b", "big"), ("c", "none")]).splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    assert cells[0] == ["small", "big", "none"] and set(table[1]) <= set("|-")
+    assert cells[2] == ["0.0123", "1,234", ""]  # 3 significant digits below 100, else whole numbers
+    assert table[3].startswith("| 7 ") and "x|y" in table[3]
 
 
 def test_bench_prepare_runs(tmp_path):

@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from relmt import checkpoint, runtime
 from relmt.config import ModelConfig, compose
 from relmt.data.batching import Batch
 from relmt.errors import UserError
 from relmt.model.transformer import build_model
-from relmt.train import checkpoint, distributed
+from relmt.train import distributed
 from relmt.train import loop as loop_module
 from relmt.train.loss import label_smoothed_nll
 from relmt.train.optim import inverse_sqrt_lr, noam_lr
@@ -296,9 +297,9 @@ def test_cuda_without_cuda_fails_before_the_data_is_prepared(tmp_path, monkeypat
         loop_module.train(tiny_config(tmp_path, "run", "train.device=cuda"))
     # relmt-translate resolves its device=... the same way
     with pytest.raises(UserError, match="^device=cuda:1: "):
-        distributed.resolve_device("cuda:1")
+        runtime.resolve_device("cuda:1")
     with pytest.raises(UserError, match="device=gpu: not a device"):
-        distributed.resolve_device("gpu")
+        runtime.resolve_device("gpu")
 
 
 def test_fp16_on_cpu_is_refused_before_the_data_is_prepared(tmp_path, monkeypatch):

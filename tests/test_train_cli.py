@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from relmt import checkpoint
 from relmt.cli import EXIT_INTERRUPTED, _train_job, guarded
 from relmt.config import compose
-from relmt.train import checkpoint
 
 RELMT_TRAIN = str(Path(sys.executable).parent / "relmt-train")
 TINY = ["model=tiny", "train=debug", "data.toy.n_train=400", "data.toy.n_valid=30", "data.toy.n_test=20",

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import torch
 
+from relmt import checkpoint
 from relmt.cli import _translate, guarded
 from relmt.config import DecodeConfig, Precision, compose
 from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import EOS_ID
 from relmt.decode.search import decode_split, nbest_search
-from relmt.decode.translator import Translator, autocast_dtype
-from relmt.train import checkpoint
+from relmt.decode.translator import Translator
+from relmt.runtime import autocast_dtype
 from relmt.train.loop import train
 
 RELMT_TRANSLATE = str(Path(sys.executable).parent / "relmt-translate")

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import time
 
-from relmt.bench import markdown_table
+from tabulate import tabulate
+
 from relmt.config import DataConfig
 from relmt.data.dataset import Corpus, prepare
 
 
 def summary(corpus: Corpus, seconds: float) -> str:
+    """A markdown table of the splits (pairs, kept, dropped and why, average lengths) and the cache."""
     rows = []
     for name in corpus.splits:
         ids = corpus.ids(name)
         st = corpus.meta["splits"][name]
         dropped = ", ".join(f"{n} ({why})" for why, n in st["dropped"].items()) or "0"
-        rows.append({"split": name, "pairs": st["pairs"], "kept": st["kept"], "dropped": dropped,
-                     "src": float(ids.src_lens.mean()) if len(ids) else 0.0,
-                     "tgt": float(ids.tgt_lens.mean()) if len(ids) else 0.0})
-    table = markdown_table(rows, [("split", "split"), ("pairs", "pairs"), ("kept", "kept"),
-                                  ("dropped", "dropped"), ("src", "avg source tokens (with EOS)"),
-                                  ("tgt", "avg target tokens")])
+        avg = [f"{lens.mean():.1f}" if len(ids) else "0.0" for lens in (ids.src_lens, ids.tgt_lens)]
+        rows.append([name, st["pairs"], st["kept"], dropped, *avg])
+    table = tabulate(rows, headers=["split", "pairs", "kept", "dropped", "avg source tokens (with EOS)",
+                                    "avg target tokens"], tablefmt="github", disable_numparse=True)
     meta = corpus.meta
     return (f"{table}\n\nvocabulary: {corpus.tokenizer.vocab_size} pieces ({corpus.tokenizer.path})\n"
             f"cache: {corpus.dir}\n"

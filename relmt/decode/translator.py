@@ -23,15 +23,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from relmt import checkpoint
 from relmt.config import DecodeConfig, Precision, from_dict
 from relmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from relmt.decode.beam import Hypothesis
 from relmt.decode.search import nbest_search, source_batches
 from relmt.errors import UserError
 from relmt.model.transformer import Transformer, build_model
-from relmt.runtime import tune_cpu
-from relmt.train import checkpoint
-from relmt.train.distributed import resolve_device
+from relmt.runtime import autocast_dtype, resolve_device, tune_cpu
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +41,6 @@ def checkpoint_tokenizer(spm: dict) -> Tokenizer:
     if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == spm["sha256"]:
         return Tokenizer(path)
     return Tokenizer(path, model=spm["model"])
-
-
-def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for decoding at `precision` on `device`; None means fp32. As in training,
-    auto is bf16 on CUDA and fp32 on a CPU."""
-    if precision == Precision.auto:
-        return torch.bfloat16 if device.type == "cuda" else None
-    return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
 
 
 class Translator:

@@ -1,6 +1,6 @@
 """Where the model's position information comes from.
 
-Two sources, picked by one enum (`PosKind`):
+Two sources, picked by one enum (`relmt.config.PosKind`):
 - absolute sinusoidal encodings added to the input embeddings (Vaswani et al. 2017 §3.5);
 - relative position representations inside self-attention (Shaw et al. 2018 §3).
 """
@@ -8,27 +8,9 @@ Two sources, picked by one enum (`PosKind`):
 from __future__ import annotations
 
 import math
-from enum import Enum
 
 import torch
 from torch import Tensor, nn
-
-
-class PosKind(str, Enum):
-    """The single switch for position information."""
-
-    abs = "abs"  # sinusoidal encodings added to the embeddings (Vaswani §3.5)
-    rel = "rel"  # Shaw §3: a^K, a^V inside encoder and decoder self-attention only
-    both = "both"  # sinusoidal inputs plus relative attention (Shaw §4.3: no further gain)
-    none = "none"  # no position information at all (Shaw Table 2, k = 0 row)
-
-    @property
-    def absolute(self) -> bool:
-        return self in (PosKind.abs, PosKind.both)
-
-    @property
-    def relative(self) -> bool:
-        return self in (PosKind.rel, PosKind.both)
 
 
 def sinusoidal_encoding(positions: Tensor, d_model: int) -> Tensor:

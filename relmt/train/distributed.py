@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from relmt.errors import UserError
+from relmt.runtime import resolve_device
 
 
 @dataclass(frozen=True)
@@ -22,35 +22,6 @@ class Dist:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def resolve_device(name: str, local_rank: int = 0, key: str = "device") -> torch.device:
-    """auto | cpu | cuda | cuda:N as a torch.device; `key` names the setting in errors. A CUDA device
-    that is not there fails here, before any data is prepared, rather than deep inside `.to()`."""
-    given = name
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        name = f"cuda:{local_rank}"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None:  # checked outside the except block, so torch's long list is not appended
-        raise UserError(f"{key}={given}: not a device; use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        _check_cuda(device, f"{key}={given}")
-    return device
-
-
-def _check_cuda(device: torch.device, setting: str) -> None:
-    if not torch.cuda.is_available():
-        why = "this PyTorch was built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-        raise UserError(f"{setting}: {why} (torch {torch.__version__}); use cpu or auto")
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        raise UserError(f"{setting}: {device} is not there; this machine has {count} CUDA device(s), "
-                        "numbered from 0")
 
 
 def setup(device: str, timeout_minutes: float = 60.0) -> Dist:

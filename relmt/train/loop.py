@@ -28,18 +28,18 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from relmt import checkpoint, runtime
 from relmt.config import BestMetric, Config, Precision, to_dict
 from relmt.data.batching import Batch, BatchSampler, collate
 from relmt.data.dataset import prepare
 from relmt.data.tokenizer import PAD_ID
 from relmt.errors import UserError
-from relmt.evaluate.score import bucketed_bleu
-from relmt.evaluate.scoring import split_loss, translate_split
+from relmt.evaluate.metrics import bucketed_bleu
 from relmt.model.transformer import build_model
-from relmt.runtime import tune_cpu
-from relmt.train import checkpoint, distributed
+from relmt.train import distributed
 from relmt.train.loss import label_smoothed_nll
 from relmt.train.optim import build_optimizer, learning_rate
+from relmt.train.validate import split_loss, translate_split
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,12 @@ class TrainState:
 
 
 def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    """relmt.runtime.autocast_dtype, with fp16 on a CPU refused for training."""
     if precision == Precision.fp16 and device.type == "cpu":
         # CPU autocast to fp16 is emulated: it trains about 5x slower than fp32 and gains nothing
         raise UserError("train.precision=fp16 needs a CUDA device (train.device resolved to cpu): use fp32, "
                         "or bf16, on a CPU")
-    if precision == Precision.auto:
-        return torch.bfloat16 if device.type == "cuda" else None
-    return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
+    return runtime.autocast_dtype(precision, device)
 
 
 @contextmanager
@@ -223,7 +222,7 @@ def train(cfg: Config) -> dict:
     amp = autocast_dtype(tcfg.precision, dist.device)  # device and precision fail before the data work
     if tcfg.num_threads:
         torch.set_num_threads(tcfg.num_threads)
-    tune_cpu()
+    runtime.tune_cpu()
     torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
 
     # A resume is checked before the data is prepared: a refused one should not wait for a cache build.

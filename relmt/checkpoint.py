@@ -1,4 +1,6 @@
-"""Checkpoints: what they hold, atomic saves, loading with clear errors, and averaging.
+"""Checkpoints: what they hold, atomic saves, loading with clear errors, and averaging. Training
+saves, resumes and averages them; translation only loads them, so this module stands below both
+(STYLE.md §3) and imports neither.
 
 A checkpoint is a dict (nanoGPT's habit: the config travels with the weights), saved with
 `torch.save` to a temporary file, fsynced and moved into place with `os.replace`, so a crash or a

@@ -1,4 +1,5 @@
-"""Validation loss and translation quality of a prepared split, as used during and after training.
+"""Validation during training, and the scoring of the test splits at its end: the loss of a
+prepared split and the quality of its translations (metrics from relmt.evaluate.metrics).
 
 Evaluation splits are never filtered (README), so they are batched here without the training
 sampler's fit filter: every pair counts, and one longer than `max_tokens` gets a batch of its own.
@@ -16,8 +17,7 @@ from relmt.config import DecodeConfig
 from relmt.data.batching import collate, pack
 from relmt.data.dataset import Corpus, SplitIds
 from relmt.decode.search import decode_split
-from relmt.evaluate.bleu import corpus_bleu
-from relmt.evaluate.score import chrf_score, lowercased_bleu, moses_lang, tokenized_bleu
+from relmt.evaluate.metrics import chrf_score, lowercased_bleu, moses_lang, sacrebleu_score, tokenized_bleu
 from relmt.model.transformer import Transformer
 from relmt.train.loss import label_smoothed_nll
 
@@ -77,7 +77,8 @@ def translate_split(model: Transformer, corpus: Corpus, split: str, cfg: DecodeC
         out_file.parent.mkdir(parents=True, exist_ok=True)
         out_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     refs = corpus.texts(split, "tgt")
-    scores = {**corpus_bleu(hyps, refs), "sentences": len(hyps)}
+    bleu = sacrebleu_score(hyps, refs)
+    scores = {"bleu": bleu["score"], "signature": bleu["signature"], "sentences": len(hyps)}
     chrf = chrf_score(hyps, refs)
     scores.update(chrf=chrf["score"], chrf_signature=chrf["signature"])
     if tokenized:

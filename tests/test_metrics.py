@@ -1,27 +1,30 @@
-"""relmt-score: sacreBLEU, chrF, paper-comparable tokenized BLEU, and the by-length report; and the
-scoring of prepared splits during and after training (relmt/evaluate/scoring.py)."""
+"""Pure metrics (relmt/evaluate/metrics.py) and relmt-score: sacreBLEU, chrF, paper-comparable
+tokenized BLEU, the by-length report and the paired bootstrap test."""
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+import os
+import random
+import subprocess
+import sys
 
-import numpy as np
 import pytest
-import torch
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU
 
 from relmt.cli import _score, guarded
-from relmt.config import DecodeConfig, ModelConfig
-from relmt.data.batching import collate
-from relmt.data.dataset import SplitIds
-from relmt.data.tokenizer import EOS_ID, PAD_ID
 from relmt.errors import UserError
-from relmt.evaluate import scoring
-from relmt.evaluate.score import bucketed_bleu, lowercased_bleu, moses_lang, score, split_compounds, tokenized_bleu
-from relmt.model.transformer import build_model
-from relmt.train.loss import label_smoothed_nll
+from relmt.evaluate.metrics import (
+    bucketed_bleu,
+    chrf_score,
+    lowercased_bleu,
+    moses_lang,
+    paired_bootstrap,
+    score,
+    split_compounds,
+    tokenized_bleu,
+)
 
 
 def test_sacrebleu_value_by_hand():
@@ -150,105 +153,65 @@ def test_moses_language_from_suffix_or_english(tmp_path, capsys):
     assert "lang=xx: Moses has no tokenization rules for it" in capsys.readouterr().err
 
 
-# --- scoring prepared splits (relmt/evaluate/scoring.py) -----------------------------------------
+# --- paired bootstrap (sacreBLEU's implementation, as `sacrebleu --paired-bs`) --------------------
 
-WORDS = ["<pad>", "<unk>", "<s>", "</s>", "Die", "Auto-Industrie", "wächst", ".", "Der", "Hund", "läuft",
-         "schnell", "Haus"]
+def fabricated_systems(n: int = 60) -> tuple[list[str], list[str], list[str]]:
+    """References, an unrelated "bad" system, and a "mixed" one that copies every other reference."""
+    rng = random.Random(0)
+    words = "the a cat dog sat on mat house red blue runs quickly under over".split()
 
-
-class WordTokenizer:
-    """Ids are indices into WORDS; decode joins words with spaces (a stand-in for sentencepiece)."""
-
-    def decode(self, ids: list[list[int]]) -> list[str]:
-        return [" ".join(WORDS[i] for i in row) for row in ids]
-
-
-@dataclass
-class OneSplitCorpus:
-    """What scoring reads of a prepared `Corpus` (ids, texts, tokenizer, meta), for one split "valid"."""
-
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-    refs: list[str]
-    meta: dict
-    tokenizer: WordTokenizer = field(default_factory=WordTokenizer)
-
-    def ids(self, split: str) -> SplitIds:
-        assert split == "valid"
-        flat = [np.array([t for row in rows for t in row], np.int32) for rows in (self.src_ids, self.tgt_ids)]
-        offsets = [np.cumsum([0] + [len(row) for row in rows]) for rows in (self.src_ids, self.tgt_ids)]
-        return SplitIds(flat[0], offsets[0], flat[1], offsets[1])
-
-    def texts(self, split: str, side: str) -> list[str]:
-        assert (split, side) == ("valid", "tgt")
-        return self.refs
+    def sentence() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(4, 12)))
+    refs, bad = [sentence() for _ in range(n)], [sentence() for _ in range(n)]
+    mixed = [r if i % 2 else b for i, (r, b) in enumerate(zip(refs, bad))]
+    return refs, bad, mixed
 
 
-def make_corpus(src_ids: list[list[int]], tgt_ids: list[list[int]], refs: list[str], tgt: str) -> OneSplitCorpus:
-    return OneSplitCorpus(src_ids, tgt_ids, refs, {"config": {"src": "en", "tgt": tgt}})
+def test_paired_bootstrap_identical_systems_are_not_significant():
+    refs, bad, mixed = fabricated_systems()
+    for hyps in (bad, mixed):
+        result = paired_bootstrap(hyps, list(hyps), refs, n_samples=200)
+        assert result["baseline"] == result["system"] and result["p_value"] == 1.0
 
 
-@pytest.mark.parametrize("tgt,lang", [("de", "de"), ("tgt", "en")])
-def test_translate_split_stores_tokenized_bleu_beside_sacrebleu(tmp_path, monkeypatch, tgt, lang):
-    refs = ["Die Auto-Branche wächst .", "Der Hund läuft schnell ."]
-    hyp_ids = [[4, 5, 6, 7], [8, 9, 10, 7]]
-    monkeypatch.setattr(scoring, "decode_split", lambda *args: hyp_ids)
-    corpus = make_corpus([[5, EOS_ID]] * 2, [[4, 5]] * 2, refs, tgt)
-    out = tmp_path / "hyps" / "valid.txt"
-    scores, hyps = scoring.translate_split(None, corpus, "valid", DecodeConfig(), torch.device("cpu"),
-                                           out_file=out)
-    assert hyps == ["Die Auto-Industrie wächst .", "Der Hund läuft ."]
-    assert out.read_text() == "".join(h + "\n" for h in hyps)
-    bleu, chrf = BLEU(), CHRF()
-    assert scores["bleu"] == pytest.approx(bleu.corpus_score(hyps, [refs]).score)
-    assert scores["signature"] == str(bleu.get_signature()) and scores["sentences"] == 2
-    assert scores["chrf"] == pytest.approx(chrf.corpus_score(hyps, [refs]).score)
-    expected = tokenized_bleu(hyps, refs, lang)
-    assert scores["tokenized_bleu"] == pytest.approx(expected["score"])
-    assert scores["tokenized_signature"] == expected["signature"] and "tok:none" in expected["signature"]
-    assert f"Moses ({lang}) + compound splitting" in scores["tokenized_label"]
-    assert scores["lowercased_bleu"] == pytest.approx(lowercased_bleu(hyps, refs, lang)["score"])
-    assert scores["lowercased_label"].startswith("lowercased tokenized BLEU")
-    # validation may skip it
-    quick, _ = scoring.translate_split(None, corpus, "valid", DecodeConfig(), torch.device("cpu"), tokenized=False)
-    assert "tokenized_bleu" not in quick and quick["bleu"] == scores["bleu"]
+def test_paired_bootstrap_a_copy_of_the_reference_beats_a_bad_system():
+    refs, bad, _ = fabricated_systems()
+    for metric, name in (("bleu", "BLEU"), ("chrf", "chrF2")):
+        result = paired_bootstrap(bad, refs, refs, metric=metric, n_samples=200)
+        assert result["metric"] == name and result["system"] == pytest.approx(100.0)
+        assert result["system"] > result["baseline"] and result["p_value"] < 0.05
+        assert "bs:200" in result["signature"] and "seed:12345" in result["signature"]
+    assert result["baseline"] == pytest.approx(chrf_score(bad, refs)["score"])
 
 
-def test_eval_batches_keep_every_pair_and_give_an_oversize_one_its_own_batch():
-    src_lens, tgt_lens = np.array([3, 12, 2, 4, 3]), np.array([2, 10, 2, 3, 2])
-    data = SplitIds(np.zeros(src_lens.sum(), np.int32), np.concatenate(([0], np.cumsum(src_lens))),
-                    np.zeros(tgt_lens.sum(), np.int32), np.concatenate(([0], np.cumsum(tgt_lens))))
-    batches = scoring.eval_batches(data, max_tokens=16)  # pair 1 costs 12 + 10 + 1 = 23 on its own
-    assert sorted(int(i) for b in batches for i in b) == [0, 1, 2, 3, 4]
-    assert [1] in [b.tolist() for b in batches]
-    for b in batches:
-        if len(b) > 1:
-            assert len(b) * (src_lens[b].max() + tgt_lens[b].max() + 1) <= 16
+def test_paired_bootstrap_matches_the_sacrebleu_cli(tmp_path, monkeypatch):
+    """The same numbers as `sacrebleu REF -i BASELINE SYSTEM --paired-bs` with the same seed and
+    resamples, whatever SACREBLEU_SEED the caller's environment holds (it is restored after)."""
+    refs, bad, mixed = fabricated_systems()
+    for name, lines in (("ref", refs), ("base", bad), ("sys", mixed)):
+        (tmp_path / f"{name}.txt").write_text("".join(line + "\n" for line in lines))
+    files = [str(tmp_path / f"{name}.txt") for name in ("ref", "base", "sys")]
+    cli = subprocess.run([sys.executable, "-m", "sacrebleu", files[0], "-i", *files[1:], "--paired-bs",
+                          "--paired-bs-n", "300", "-m", "bleu", "-f", "json", "-q"],
+                         capture_output=True, text=True, check=True, env={**os.environ, "SACREBLEU_SEED": "7"})
+    base, system = (row["BLEU"] for row in json.loads(cli.stdout))
+    monkeypatch.setenv("SACREBLEU_SEED", "99")
+    result = paired_bootstrap(bad, mixed, refs, n_samples=300, seed=7)
+    assert os.environ["SACREBLEU_SEED"] == "99"
+    assert 0.0 < system["p_value"] < 1.0  # not the degenerate case that paired_bootstrap overrides
+    assert result["p_value"] == pytest.approx(system["p_value"])
+    assert (result["baseline"], result["baseline_mean"], result["baseline_ci"]) == pytest.approx(
+        (base["score"], base["mean"], base["ci"]))
+    assert (result["system"], result["mean"], result["ci"]) == pytest.approx(
+        (system["score"], system["mean"], system["ci"]))
+    assert paired_bootstrap(bad, mixed, refs, n_samples=300, seed=8)["mean"] != result["mean"]
 
 
-def test_split_loss_counts_pairs_longer_than_max_tokens():
-    """Evaluation splits are never filtered: a pair whose cost alone exceeds max_tokens still counts.
-    The reference is the loss of each pair computed on its own."""
-    torch.manual_seed(0)
-    vocab = len(WORDS)
-    lens = [(3, 2), (12, 10), (2, 3), (4, 2)]  # pair 1: 12 + 10 + 1 = 23 > max_tokens = 16
-    rng = np.random.default_rng(0)
-    src_ids = [[*rng.integers(4, vocab, s - 1).tolist(), EOS_ID] for s, _ in lens]
-    tgt_ids = [rng.integers(4, vocab, t).tolist() for _, t in lens]
-    corpus = make_corpus(src_ids, tgt_ids, ["x"] * len(lens), "de")
-    model = build_model(ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1),
-                        vocab, PAD_ID).train()
-    result = scoring.split_loss(model, corpus, "valid", max_tokens=16, label_smoothing=0.1,
-                                device=torch.device("cpu"))
-    assert model.training  # restored
-    data, loss, nll, tokens = corpus.ids("valid"), 0.0, 0.0, 0
-    model.eval()
-    with torch.no_grad():
-        for i in range(len(lens)):
-            batch = collate(data, np.array([i]))
-            pair_loss, pair_nll = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
-            loss, nll, tokens = loss + pair_loss.item(), nll + pair_nll.item(), tokens + batch.n_tgt_tokens
-    assert tokens == sum(t + 1 for _, t in lens)  # every target token and its EOS
-    assert result["loss"] == pytest.approx(loss / tokens, rel=1e-5)
-    assert result["nll"] == pytest.approx(nll / tokens, rel=1e-5)
-    assert result["ppl"] == pytest.approx(np.exp(nll / tokens), rel=1e-5)
+def test_paired_bootstrap_rejects_misaligned_input():
+    refs, bad, _ = fabricated_systems(5)
+    with pytest.raises(ValueError, match="line-aligned"):
+        paired_bootstrap(bad, bad[:4], refs)
+    with pytest.raises(ValueError, match="metric=ter"):
+        paired_bootstrap(bad, bad, refs, metric="ter")
+    with pytest.raises(ValueError, match="seed=0"):
+        paired_bootstrap(bad, bad, refs, seed=0)

@@ -1,21 +1,26 @@
-"""`relmt-score`: translation quality of a hypothesis file against a reference file.
+"""Translation quality of hypotheses against references: pure functions of text, no model.
 
-Three figures, each labelled (PAPER.md, BLEU conventions):
+The figures, each labelled (PAPER.md, BLEU conventions):
 - sacreBLEU: detokenized text, tokenizer 13a, with its signature (the standard; Post 2018);
 - chrF, with its signature;
 - paper-comparable tokenized BLEU: Moses-tokenize hypothesis and reference (sacremoses), split
   hyphenated compounds (`X-Y` -> `X ##AT##-##AT## Y`, as tensor2tensor's get_ende_bleu.sh and
   fairseq's compound_split_bleu.sh do), then BLEU on those tokens (`tokenize='none'`). This is
-  how the EN-DE figures of Shaw et al. and its peers are usually computed; it is not sacreBLEU.
-With the source file, BLEU is also broken down by source length in words, which is how relmt
-shows length generalisation (the clipped relative positions of Shaw §3.2).
+  how the EN-DE figures of Shaw et al. and its peers are usually computed; it is not sacreBLEU;
+- lowercased tokenized BLEU, the Multi30k literature's figure;
+- BLEU by source length in words, which is how relmt shows length generalisation (the clipped
+  relative positions of Shaw §3.2);
+- a paired bootstrap test of two systems (Koehn 2004), by sacreBLEU's own implementation.
+`score` and `report` are the engine of `relmt-score`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
 from sacremoses import MosesTokenizer
 from sacremoses.corpus import NonbreakingPrefixes
 
@@ -37,17 +42,20 @@ def split_compounds(text: str) -> str:
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
 
 
+def sacrebleu_score(hyps: list[str], refs: list[str]) -> dict:
+    """sacreBLEU (13a tokenization, cased) of detokenized hypotheses against one reference each:
+    {"score", "signature", "text"} ("text" is sacreBLEU's one-line summary)."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    bleu = BLEU()
+    b = bleu.corpus_score(hyps, [refs])
+    return {"score": b.score, "signature": str(bleu.get_signature()), "text": str(b)}
+
+
 def chrf_score(hyps: list[str], refs: list[str]) -> dict:
     """chrF (Popovic 2015) with sacreBLEU's defaults, and its signature."""
     chrf = CHRF()
     return {"score": chrf.corpus_score(hyps, [refs]).score, "signature": str(chrf.get_signature())}
-
-
-def sacrebleu_scores(hyps: list[str], refs: list[str]) -> dict:
-    bleu = BLEU()
-    b = bleu.corpus_score(hyps, [refs])
-    return {"sacrebleu": {"score": b.score, "signature": str(bleu.get_signature()), "text": str(b)},
-            "chrf": chrf_score(hyps, refs)}
 
 
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: bool = True,
@@ -96,14 +104,60 @@ def bucketed_bleu(hyps: list[str], refs: list[str], srcs: list[str], edges: tupl
                    (hi is None or len(s.split()) <= hi)]
         row = {"bucket": bucket_label(lo, hi), "sentences": len(members), "bleu": None}
         if members:
-            row["bleu"] = BLEU().corpus_score([hyps[i] for i in members], [[refs[i] for i in members]]).score
+            row["bleu"] = sacrebleu_score([hyps[i] for i in members], [refs[i] for i in members])["score"]
         rows.append(row)
     return rows
 
 
+def paired_bootstrap(baseline_hyps: list[str], system_hyps: list[str], refs: list[str], metric: str = "bleu",
+                     n_samples: int = 1000, seed: int = 12345) -> dict:
+    """Is `system` better or worse than `baseline` by more than chance? Paired bootstrap resampling
+    (Koehn 2004) with sacreBLEU's own implementation, the same as `sacrebleu --paired-bs`.
+
+    Both systems are scored on the same `n_samples` resamples of the sentences; the p-value is
+    about the share of resamples whose centred score difference exceeds the observed one. metric:
+    "bleu" (sacreBLEU 13a) or "chrf". Returns the two scores, the p-value, the system's bootstrap
+    mean and 95% confidence half-width ("mean", "ci"), the baseline's ("baseline_mean",
+    "baseline_ci"), and the metric's signature (with the seed and the number of resamples)."""
+    if not len(baseline_hyps) == len(system_hyps) == len(refs):
+        raise ValueError(f"{len(baseline_hyps)} baseline and {len(system_hyps)} system hypotheses but "
+                         f"{len(refs)} references: all three must be line-aligned")
+    if not refs:
+        raise ValueError("no sentences to resample")
+    if seed < 1:  # sacreBLEU reads seed 0 as "no seed" and would draw from the OS
+        raise ValueError(f"seed={seed}: must be >= 1")
+    metrics = {"bleu": BLEU, "chrf": CHRF}
+    if metric not in metrics:
+        raise ValueError(f"metric={metric}: must be one of {', '.join(metrics)}")
+    # sacreBLEU takes its seed only from SACREBLEU_SEED (as its CLI does), read while the test runs
+    previous = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(seed)
+    try:
+        test = PairedTest([("baseline", baseline_hyps), ("system", system_hyps)], {metric: metrics[metric]()},
+                          [refs], test_type="bs", n_samples=n_samples)
+        signatures, table = test()
+    finally:
+        if previous is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = previous
+    (name,) = signatures  # sacreBLEU's name for the metric, e.g. "BLEU" or "chrF2"
+    base, system = table[name]
+    p_value = float(system.p_value)
+    if system.score == base.score:
+        # An observed difference of 0 is never significant: P(|difference| >= 0) = 1. sacreBLEU counts
+        # the resamples strictly above it, so for two identical systems (every resampled difference
+        # is 0 too) it would report its smallest p-value, 1 / (n_samples + 1).
+        p_value = 1.0
+    return {"metric": name, "baseline": float(base.score), "system": float(system.score), "p_value": p_value,
+            "mean": float(system.mean), "ci": float(system.ci), "baseline_mean": float(base.mean),
+            "baseline_ci": float(base.ci), "n_samples": n_samples, "signature": str(signatures[name])}
+
+
 def score(hyps: list[str], refs: list[str], srcs: list[str] | None = None, lang: str = "en",
           buckets: tuple[int, ...] = DEFAULT_BUCKETS, names: tuple[str, str, str] = ("hyp", "ref", "src")) -> dict:
-    """Every figure above as one JSON-able dict. `names` name the inputs in error messages.
+    """Every figure above but the paired test as one JSON-able dict. `names` name the inputs in
+    error messages.
 
     Hypotheses that are all empty score 0 (a system that output nothing). References that are all
     empty are an error: BLEU and chrF have nothing to count against, and sacreBLEU would report a
@@ -119,7 +173,7 @@ def score(hyps: list[str], refs: list[str], srcs: list[str] | None = None, lang:
         raise UserError(f"{names[2]} has {len(srcs)} lines but {names[1]} has {len(refs)}")
     if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 1:
         raise UserError(f"buckets={list(buckets)}: give increasing upper edges >= 1, e.g. [10,20,30,40,60]")
-    result = {"sentences": len(hyps), **sacrebleu_scores(hyps, refs),
+    result = {"sentences": len(hyps), "sacrebleu": sacrebleu_score(hyps, refs), "chrf": chrf_score(hyps, refs),
               "tokenized_bleu": tokenized_bleu(hyps, refs, lang),
               "lowercased_bleu": lowercased_bleu(hyps, refs, lang)}
     if srcs is not None:
