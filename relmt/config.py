@@ -144,6 +144,9 @@ class DataConfig:
     # training-pair filters (evaluation splits are never filtered)
     max_tokens_per_side: int = 256
     max_length_ratio: float = 3.0  # drop pairs whose longer side exceeds ratio x the shorter; 0 = off
+    # drop training pairs whose source has more words (whitespace-separated) than this; 0 = off. For
+    # length generalisation (Shaw §3.2: clipping lets a model meet lengths unseen in training)
+    train_max_src_words: int = 0
     cache_dir: str = "data/cache"
     num_proc: int = 1  # processes for datasets.map
     # upper edges (source words) of the buckets for BLEU by source length, reported on the test splits
@@ -161,6 +164,8 @@ class DataConfig:
         _check(self.max_tokens_per_side >= 1, "data.max_tokens_per_side", "must be >= 1")
         _check(self.max_length_ratio == 0 or self.max_length_ratio >= 1, "data.max_length_ratio",
                f"must be 0 (off) or >= 1, got {self.max_length_ratio}")
+        _check(self.train_max_src_words >= 0, "data.train_max_src_words",
+               f"must be 0 (off) or >= 1, got {self.train_max_src_words}")
         _check(self.num_proc >= 1, "data.num_proc", "must be >= 1")
         _check(len(self.length_buckets) > 0 and list(self.length_buckets) == sorted(set(self.length_buckets))
                and self.length_buckets[0] >= 1, "data.length_buckets",

@@ -104,6 +104,21 @@ def test_length_and_ratio_filters_count_what_they_drop(tmp_path, corpus_dir):
     assert corpus.meta["splits"]["train"]["dropped"] == {"length ratio": 2}
 
 
+def test_train_max_src_words_keeps_short_training_pairs_only(tmp_path, corpus_dir):
+    """The length-generalisation split: training sources of more than N words are dropped and
+    counted; the evaluation splits keep their long sentences."""
+    long_en, long_de = "the dog and the cat see the sun", "der hund und die katze sehen die sonne"
+    write_text(corpus_dir, "train", EN * 3 + [long_en], DE * 3 + [long_de])
+    write_text(corpus_dir, "test", [long_en, EN[0]], [long_de, DE[0]])
+    n = max(len(s.split()) for s in EN)
+    assert len(long_en.split()) > n
+    corpus = prepare(text_cfg(tmp_path, train_max_src_words=n))
+    assert corpus.meta["splits"]["train"]["dropped"] == {"source longer than train_max_src_words": 1}
+    assert long_en not in corpus.texts("train", "src") and len(corpus.ids("train")) == 3 * len(EN)
+    assert corpus.texts("test", "src") == [long_en, EN[0]]
+    assert cache_key(text_cfg(tmp_path, train_max_src_words=n)) != cache_key(text_cfg(tmp_path))
+
+
 def test_prepare_encodes_caches_and_reuses(tmp_path, corpus_dir, caplog):
     cfg = text_cfg(tmp_path)
     corpus = prepare(cfg)

@@ -47,8 +47,9 @@ from relmt.errors import UserError
 log = logging.getLogger(__name__)
 # 2: token ids as .npy files beside text-only Arrow; local files keyed by content, not mtime
 CACHE_VERSION = 2
-KEEP, EMPTY, TOO_LONG, RATIO = 0, 1, 2, 3
-REASONS = {EMPTY: "an empty side", TOO_LONG: "longer than max_tokens_per_side", RATIO: "length ratio"}
+KEEP, EMPTY, TOO_LONG, RATIO, SRC_WORDS = 0, 1, 2, 3, 4
+REASONS = {EMPTY: "an empty side", TOO_LONG: "longer than max_tokens_per_side", RATIO: "length ratio",
+           SRC_WORDS: "source longer than train_max_src_words"}
 ID_ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")  # the fields of SplitIds, one .npy each
 
 
@@ -188,7 +189,7 @@ def _tokenizer(path: str) -> Tokenizer:
     return Tokenizer(path)
 
 
-def _encode(batch: dict, model_path: str, max_tokens: int, max_ratio: float) -> dict:
+def _encode(batch: dict, model_path: str, max_tokens: int, max_ratio: float, max_src_words: int = 0) -> dict:
     """datasets.map function: ids for both sides, and why (if at all) the filters would drop a pair."""
     tok = _tokenizer(model_path)
     src, tgt = tok.encode(batch["src"]), tok.encode(batch["tgt"])
@@ -196,6 +197,8 @@ def _encode(batch: dict, model_path: str, max_tokens: int, max_ratio: float) -> 
     for s_text, t_text, s, t in zip(batch["src"], batch["tgt"], src, tgt):
         if not s_text.strip() or not t_text.strip():
             reason = EMPTY
+        elif max_src_words and len(s_text.split()) > max_src_words:
+            reason = SRC_WORDS
         elif len(s) + 1 > max_tokens or len(t) + 1 > max_tokens:  # +1: EOS / BOS
             reason = TOO_LONG
         elif max_ratio and max(len(s), len(t)) > max_ratio * max(min(len(s), len(t)), 1):
@@ -266,7 +269,7 @@ def _build(cfg: DataConfig, out: Path) -> dict:
         ds = ds.map(_encode, batched=True, batch_size=2000, features=features, desc=f"encode {name}",
                     num_proc=cfg.num_proc if len(ds) >= 10_000 else None,
                     fn_kwargs=dict(model_path=str(spm_path), max_tokens=cfg.max_tokens_per_side,
-                                   max_ratio=cfg.max_length_ratio))
+                                   max_ratio=cfg.max_length_ratio, max_src_words=cfg.train_max_src_words))
         assert len(ds.data) == len(ds)  # map writes a new table: its rows are the dataset's rows
         drop = ds.data.column("drop").to_numpy()
         keep = None
