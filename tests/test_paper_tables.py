@@ -1,9 +1,9 @@
-"""scripts/paper_tables.py on fabricated run directories with known numbers."""
+"""relmt-report's tables (relmt/report/, wrapped by scripts/paper_tables.py) on fabricated run
+directories with known numbers."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import math
@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from relmt.report.aggregate import aggregate
+from relmt.report.cli import main
+
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "scripts" / "paper_tables.py"
-_spec = importlib.util.spec_from_file_location("paper_tables", SCRIPT)
-pt = importlib.util.module_from_spec(_spec)
-sys.modules["paper_tables"] = pt  # dataclasses look their module up in sys.modules
-_spec.loader.exec_module(pt)
 
 BUCKETS = ("1-8", "9-16", "17-24", "25-32", "33+")
 SENTENCES = (259, 241, 252, 248, 0)
@@ -73,7 +72,8 @@ def fabricate_sweep(root: Path) -> None:
 
     Designed outcomes on the test split: rel 81 ≥ abs 79 (held); k=0 11 < 0.5 × 81 (held);
     k ≥ 2 spread 81 − 77 = 4 > 1.5 (did not hold); |a^K only 81 − 81| = 0 ≤ 1 (held);
-    test_long rel 30.5 > abs 22 (held); both − rel = 82.5 − 81 = 1.5 > 0.5 (did not hold)."""
+    test_long rel 30.5 > abs 22 (held); both − rel = 82.5 − 81 = 1.5 > 0.5 (did not hold);
+    a^V only 76 is 5 below 81, more than "slightly" (≤ 2; did not hold)."""
     pos = root / "positions"
     for seed, (v, t, tl, b1) in enumerate([(77, 78, 20, 85), (79, 80, 24, 87)], start=1):
         make_run(pos, f"abs_s{seed}", positions="abs", seed=seed, valid=v, test=t, test_long=tl,
@@ -103,7 +103,7 @@ def report(tmp_path_factory):
     out = root / "report"
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = pt.main([str(root / "multirun"), "--out", str(out), "--name", "toy", "--title", "Toy check",
+        rc = main([str(root / "multirun"), "--out", str(out), "--name", "toy", "--title", "Toy check",
                       "--command", "scripts/reproduce_toy.sh"])
     assert rc == 0
     return (out / "toy.md").read_text(), buf.getvalue(), out, sweep
@@ -133,11 +133,11 @@ def claim_verdicts(md: str) -> dict[str, str]:
 
 
 def test_aggregate_is_mean_sample_std_and_n():
-    s = pt.aggregate([80.0, 82.0])
+    s = aggregate([80.0, 82.0])
     assert (s.mean, s.n) == (81.0, 2) and s.std == pytest.approx(math.sqrt(2))  # ddof=1: sqrt(((-1)^2+1^2)/1)
     assert str(s) == "81.00 ± 1.41 (2)"
-    assert str(pt.aggregate([5.0, None])) == "5.00 ± 0.00 (1)"
-    assert pt.aggregate([None]) is None
+    assert str(aggregate([5.0, None])) == "5.00 ± 0.00 (1)"
+    assert aggregate([None]) is None
 
 
 def test_header_names_sources_seeds_command_and_skipped_run(report):
@@ -228,6 +228,7 @@ def test_claims_held_and_failed_as_designed(report):
         "k = 0 collapses": "held",
         "k ≥ 2 saturates": "did not hold",
         "a^K alone is about as good as both": "held",
+        "a^V alone is slightly lower than both": "did not hold",
         "rel beats abs on longer sentences than seen in training": "held",
         "both gives no further gain over rel": "did not hold",
     }
@@ -279,7 +280,7 @@ def test_groups_by_data_and_model_with_their_paper_cells(tmp_path, capsys):
     make_run(tmp_path, "enfr_big_rel", positions="rel", k=8, data="wmt14_en_fr", d_model=1024, test=40.0,
              checkpoint="averaged")
     make_run(tmp_path, "ende_small_rel", positions="rel", data="wmt_t2t_en_de", d_model=256, test=20.0)
-    assert pt.main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "wmt"]) == 0
+    assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "wmt"]) == 0
     md = capsys.readouterr().out
     assert md.startswith("# Results\n")
     ende = section(md, "## wmt14_en_de (EN-DE), base model (d_model 512)")
@@ -302,7 +303,7 @@ def test_groups_by_data_and_model_with_their_paper_cells(tmp_path, capsys):
 
 def test_empty_directory_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert pt.main([str(tmp_path / "empty"), "--out", str(tmp_path / "out"), "--name", "x"]) == 2
+    assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "out"), "--name", "x"]) == 2
     err = capsys.readouterr().err
     assert "no run directories" in err and "metrics.json and config.yaml" in err
     assert not (tmp_path / "out").exists()
@@ -319,7 +320,7 @@ def test_runs_without_tokenized_bleu_show_a_dash_and_say_so(tmp_path, capsys):
     """An older metrics.json has sacreBLEU only: no crash, "–" beside the paper, and a sentence saying why."""
     make_run(tmp_path / "old", "abs", positions="abs", data="wmt14_en_de", d_model=512, test=26.0, tok=None)
     make_run(tmp_path / "old", "rel", positions="rel", data="wmt14_en_de", d_model=512, test=26.2, tok=None)
-    assert pt.main([str(tmp_path / "old"), "--out", str(tmp_path / "out"), "--name", "old"]) == 0
+    assert main([str(tmp_path / "old"), "--out", str(tmp_path / "out"), "--name", "old"]) == 0
     md = capsys.readouterr().out
     assert table_row(md, "abs") == "| abs | – | 26.00 ± 0.00 (1) | – | 26.5 |"
     assert "No run here has tokenized BLEU (a metrics.json from before relmt stored it)" in md
@@ -328,7 +329,7 @@ def test_runs_without_tokenized_bleu_show_a_dash_and_say_so(tmp_path, capsys):
              tok=None)
     make_run(tmp_path / "mixed", "abs_new", positions="abs", data="wmt14_en_de", d_model=512, seed=2, test=25.0,
              tok=1.0)
-    assert pt.main([str(tmp_path / "mixed"), "--out", str(tmp_path / "out"), "--name", "mixed"]) == 0
+    assert main([str(tmp_path / "mixed"), "--out", str(tmp_path / "out"), "--name", "mixed"]) == 0
     md = capsys.readouterr().out
     assert table_row(md, "abs") == "| abs | – | 25.50 ± 0.71 (2) | 26.00 ± 0.00 (1) | 26.5 |"
     assert "1 of the 2 runs scored on test have no tokenized BLEU (an older metrics.json)" in md
@@ -344,7 +345,7 @@ def test_checkpoint_rule_is_read_per_run_and_mixed_rules_are_flagged(tmp_path, c
     make_run(tmp_path, "both", positions="both", data="wmt14_en_de", d_model=512, test=26.4, checkpoint=None,
              cfg_rule="averaged")
     make_run(tmp_path, "none", positions="none", data="wmt14_en_de", d_model=512, test=10.0, checkpoint=None)
-    assert pt.main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "rules"]) == 0
+    assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "rules"]) == 0
     md = capsys.readouterr().out
     doc = json.loads((tmp_path / "out" / "rules.json").read_text())
     assert {Path(r["path"]).name: r["test_rule"] for r in doc["runs"]} == {
@@ -367,7 +368,7 @@ def test_ablation_tables_use_the_papers_rule_and_say_so(tmp_path, capsys):
                  checkpoint="best")
     make_run(tmp_path, "keys_only", values=False, data="wmt14_en_de", d_model=512, valid=25.1, test=26.1,
              checkpoint="best")
-    assert pt.main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "abl"]) == 0
+    assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "abl"]) == 0
     md = capsys.readouterr().out
     for heading in ("### Table 2 analogue", "### Table 3 analogue"):
         table = section(md, heading)

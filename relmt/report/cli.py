@@ -1,0 +1,132 @@
+"""`relmt-report`: the paper's tables, claims and plots from relmt-train run directories.
+
+    relmt-report RUN_DIRS... --out docs/results --name NAME [--title T] [--command C] [--refs DIR | DATA=DIR ...]
+    relmt-report RUN_DIRS... --out docs/results --name length [--train-max-words N | DATA=N ...] [--refs ...]
+
+RUN_DIRS are run directories (each holds config.yaml and metrics.json) or folders that contain them
+(a Hydra multirun sweep, searched recursively). Runs whose status is not "completed" are skipped and
+listed. Runs are grouped by data set and model preset (config.yaml's model.name; older runs: a guess
+from d_model, said so in the report), seeds are aggregated as mean ± sample std (n).
+
+--kind tables (the default) writes into --out:
+- NAME.md: analogues of the paper's Tables 1-3 (the paper's numbers beside relmt's for the paper's own
+  data sets; for others, sacreBLEU, chrF and lowercased tokenized BLEU per test set, with the paper's
+  findings as claims), the paired bootstrap tests seed by seed (with --refs), BLEU by source length,
+  learning curves and each claim's verdict (held, did not hold, not significant);
+- NAME_k.png, NAME_length.png, NAME_curves.png; NAME.json: everything aggregated.
+--kind length (the default when --name is "length") writes NAME.md, NAME_buckets.png and NAME.json:
+BLEU by source-length bucket for abs, rel and both, marking the buckets longer than training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from relmt.report.aggregate import seeds_of
+from relmt.report.build import Report, build_report, parse_refs
+from relmt.report.claims import THRESHOLDS_NOTE
+from relmt.report.length import build_length_report, length_markdown, parse_cutoffs
+from relmt.report.markdown import markdown
+from relmt.report.plots import length_panels, plot_curves, plot_k, plot_length
+from relmt.report.runs import ReportError
+
+
+def jsonable(obj: Any) -> Any:
+    """Stats, claims, comparisons and paths as plain JSON values; tuple keys never occur."""
+    if is_dataclass(obj):
+        return jsonable(asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return str(obj) if isinstance(obj, Path) else obj
+
+
+def report_json(report: Report) -> dict:
+    groups = [{"data": g.data, "model": g.model, "model_guessed": g.model_guessed, "pair": g.pair, "refs": g.refs,
+               "paper_numbers": g.numbers.value, "d_model": g.runs[0].d_model, "k_default": g.k_default,
+               "splits": g.splits, "main_split": g.main_split, "seeds": seeds_of(g.runs),
+               "runs": [str(r.path) for r in g.runs], "tables": g.tables, "significance": g.significance,
+               "curves": g.curves, "claims": g.claims} for g in report.groups]
+    doc = {"title": report.title, "command": report.command, "sources": report.sources,
+           "seeds": seeds_of(report.runs), "runs": report.runs,
+           "refs": {data or "*": folder for data, folder in report.refs.items()},
+           "bootstrap_samples": report.n_samples,
+           "skipped": [{"dir": p, "reason": why} for p, why in report.skipped],
+           "thresholds_note": THRESHOLDS_NOTE, "groups": groups}
+    if "length" in report.extra:
+        doc["length"] = [{"group": i.group.name, "train_max_words": i.max_words, "source": i.source,
+                          "table": i.table, "significance": i.significance, "claim": i.claim}
+                         for i in report.extra["length"]]
+    return jsonable(doc)
+
+
+def write_outputs(report: Report, out: Path, name: str, kind: str) -> str:
+    """Write the markdown, the plots and the JSON of `kind` into `out`; return the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    if kind == "length":
+        text = length_markdown(report, name)
+        plot_length([(i.group.name, i.table, i.max_words) for i in report.extra["length"] if i.table],
+                    out / f"{name}_buckets.png")
+    else:
+        text = markdown(report, name)
+        plot_k(report.groups, out / f"{name}_k.png")
+        plot_length(length_panels(report.groups), out / f"{name}_length.png")
+        plot_curves(report.groups, out / f"{name}_curves.png")
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps(report_json(report), indent=2, ensure_ascii=False) + "\n")
+    return text
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="relmt-report", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="run directories, or directories containing them (searched recursively)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--name", required=True, help="base name of the output files")
+    parser.add_argument("--kind", choices=("tables", "length"), default=None,
+                        help="tables (the default) or length (the default for --name length)")
+    parser.add_argument("--title", default=None, help="markdown title (default: Results, or Length generalisation)")
+    parser.add_argument("--command", default=None, help="the command that produced the runs, quoted in the report")
+    parser.add_argument("--refs", action="append", default=[], metavar="DIR|DATA=DIR",
+                        help="folder of the reference files {split}.{tgt} (and {split}.{src} for --kind length): "
+                             "enables the paired bootstrap tests on each run's translations/; DATA=DIR for the runs "
+                             "of data set DATA only (config.yaml's data.name); repeatable")
+    parser.add_argument("--bootstrap-samples", type=int, default=1000, help="paired bootstrap resamples (1000)")
+    parser.add_argument("--train-max-words", action="append", default=[], metavar="N|DATA=N",
+                        help="--kind length: the longest training source in words, for runs whose config does not "
+                             "record it (DATA=N: only for data set DATA); repeatable")
+    args = parser.parse_args(argv)
+    args.kind = args.kind or ("length" if args.name == "length" else "tables")
+    args.title = args.title or ("Length generalisation" if args.kind == "length" else "Results")
+    if args.bootstrap_samples < 1:
+        parser.error("--bootstrap-samples must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script `relmt-report`: exit 0, or 2 with one line on stderr for bad input."""
+    args = parse_args(argv)
+    try:
+        refs = parse_refs(args.refs)
+        if args.kind == "length":
+            report = build_length_report(args.run_dirs, args.title, args.command, parse_cutoffs(args.train_max_words),
+                                         refs, args.bootstrap_samples)
+        else:
+            report = build_report(args.run_dirs, args.title, args.command, refs, args.bootstrap_samples)
+    except ReportError as exc:
+        print(f"relmt-report: error: {exc}", file=sys.stderr)
+        return 2
+    print(write_outputs(report, args.out, args.name, args.kind), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

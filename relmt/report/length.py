@@ -1,0 +1,149 @@
+"""The length-generalisation report: BLEU by source length for abs, rel and both, with the buckets
+longer than any training sentence marked (the argument of Shaw et al. 2018 §3.2 for clipping).
+
+The runs are trained on a length-filtered corpus (train pairs with at most N source words) or on a
+corpus with long test sentences; metrics.json's by_source_length holds their buckets. N comes from
+the run's config (data.train_max_src_words, or the toy corpus's max_words) or from
+--train-max-words (N for every run that does not record it, or DATA=N for one data set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from relmt.report.aggregate import Stat
+from relmt.report.build import Report, group_runs, load, refs_for
+from relmt.report.claims import EPS, HELD, NOT_HELD, NOT_SIGNIFICANT, Claim, describe
+from relmt.report.markdown import md_claim
+from relmt.report.runs import ReportError
+from relmt.report.significance import Comparison, compare_unseen
+from relmt.report.tables import Group, analyse_tables, length_table, positions_runs
+from relmt.report.text import DASH, fmt, md_intro, md_table, no_refs, plural
+
+VERDICTS_LENGTH = (
+    "Verdicts. The claim is first judged on the means over seeds of the buckets longer than training. With "
+    "`--refs`, the sentences of those buckets are pooled and rel is tested against abs seed by seed (seed s "
+    "against seed s, sacreBLEU's paired bootstrap); a seed pair is significant when p < 0.05 and rel is ahead. "
+    "**held**: rel is ahead on the means and significantly ahead on more than half of the seed pairs (without "
+    "`--refs`: ahead on the means). **not significant**: rel is ahead on the means but significantly ahead on at "
+    "most half of the seed pairs. **did not hold**: rel is behind abs on the means.")
+
+
+@dataclass
+class LengthGroup:
+    group: Group
+    max_words: int | None
+    source: str  # where max_words came from
+    table: dict | None
+    significance: list[Comparison] = field(default_factory=list)
+    claim: Claim | None = None
+
+
+def parse_cutoffs(values: list[str]) -> dict[str | None, int]:
+    """--train-max-words values: "N" (key None: every data set) or "DATA=N"."""
+    out: dict[str | None, int] = {}
+    for value in values:
+        data, _, n = value.rpartition("=")
+        if not n.isdigit() or int(n) < 1:
+            raise ReportError(f"--train-max-words {value}: give N or DATA=N with N >= 1 words")
+        out[data or None] = int(n)
+    return out
+
+
+def cutoff(group: Group, cutoffs: dict[str | None, int]) -> tuple[int | None, str]:
+    """The group's training cutoff and where it came from; the run's config wins over the argument."""
+    recorded = group.runs[0].train_max_words  # runs are grouped by it
+    if recorded:
+        return recorded, "the runs' config"
+    for data in (group.data, None):
+        if data in cutoffs:
+            return cutoffs[data], f"--train-max-words {f'{data}=' if data else ''}{cutoffs[data]}"
+    return None, "unknown: the config does not record it and no --train-max-words was given"
+
+
+def unseen_claim(item: LengthGroup) -> Claim | None:
+    """rel ≥ abs on the buckets longer than training, confirmed on those sentences pooled by the paired test."""
+    rows = [r for r in (item.table or {}).get("rows", []) if r.get("seen_in_training") == "no"]
+    diffs = [r["bleu"]["rel"].mean - r["bleu"]["abs"].mean for r in rows
+             if isinstance(r["bleu"].get("rel"), Stat) and isinstance(r["bleu"].get("abs"), Stat)]
+    if not diffs:
+        return None
+    mean_diff = sum(diffs) / len(diffs)
+    c = next((c for c in item.significance if (c.baseline, c.system) == ("abs", "rel") and c.tests), None)
+    verdict = NOT_HELD if mean_diff < -EPS else HELD if c is None or c.mostly(+1) else NOT_SIGNIFICANT
+    criterion = (f"the mean over the {plural(len(diffs), 'bucket')} longer than training (> {item.max_words} words) "
+                 "of mean BLEU(rel) − mean BLEU(abs) ≥ 0")
+    if c is not None:
+        criterion += ", and rel significantly ahead on those sentences on more than half of the seed pairs"
+    return Claim("rel ≥ abs on sentences longer than any in training",
+                 f"BLEU by length, {item.group.data}, {item.group.model} model", criterion,
+                 {"mean rel − abs": mean_diff}, verdict, None, describe(c) if c else None,
+                 "relative positions clipped at k generalise to lengths not seen in training (§3.2, argued, "
+                 "not measured)")
+
+
+def build_length_report(sources: list[str], title: str, command: str | None, cutoffs: dict[str | None, int],
+                        refs: dict[str | None, Path] | None = None, n_samples: int = 1000) -> Report:
+    """The length-generalisation report of the runs under `sources`."""
+    refs = refs or {}
+    runs, skipped = load(sources)
+    items = []
+    for group in group_runs(runs):
+        analyse_tables(group)
+        max_words, source = cutoff(group, cutoffs)
+        item = LengthGroup(group, max_words, source, length_table(group, max_words=max_words))
+        group.refs = refs_for(refs, group.data)
+        if group.refs is not None and max_words is not None and item.table is not None:
+            item.significance = compare_unseen(positions_runs(group), group.refs, max_words, n_samples)
+        item.claim = unseen_claim(item)
+        items.append(item)
+    return Report(title, command, list(sources), runs, skipped, [i.group for i in items], refs, n_samples,
+                  extra={"length": items})
+
+
+def md_item(item: LengthGroup, report: Report) -> str:
+    g, table = item.group, item.table
+    head = f"## {g.data}, {g.model} model (trained on sources of at most {item.max_words or DASH} words: {item.source})"
+    if table is None:
+        return f"{head}\n\nNo run of the positions comparison has BLEU by source length."
+    seen = item.max_words is not None
+    diff = "rel" in table["columns"] and "abs" in table["columns"]
+    header = ["source words", "sentences", *(["seen in training"] if seen else []), *table["columns"],
+              *(["rel − abs"] if diff else [])]
+    rows = []
+    for r in table["rows"]:
+        rel, abs_ = r["bleu"].get("rel"), r["bleu"].get("abs")
+        cells = [r["bucket"], DASH.join(map(str, r["sentences"]))]
+        cells += [{"no": "**no**"}.get(r.get("seen_in_training"), r.get("seen_in_training") or DASH)] if seen else []
+        cells += [fmt(r["bleu"][c]) for c in table["columns"]]
+        cells += [f"{rel.mean - abs_.mean:+.2f}" if rel and abs_ else DASH] if diff else []
+        rows.append(cells)
+    text = (f"{head}\n\n{plural(len(g.runs), 'run')}, seeds {', '.join(map(str, table['seeds'])) or DASH}; sacreBLEU "
+            f"per source-length bucket over {' + '.join(table['splits']) or 'the test splits'} pooled, mean ± std "
+            f"(n seeds); rel and both at k = {g.k_default}. \"seen in training\": **no** for a bucket whose "
+            "shortest source is longer than any training source, partly when the cutoff falls inside it.\n\n"
+            + md_table(header, rows))
+    if item.significance:
+        lines = [[f"{c.system} vs {c.baseline}", str(t.seed), f"{t.baseline:.2f}", f"{t.system:.2f}",
+                  f"{t.difference:+.2f}", f"{t.p_value:.3f}"] for c in item.significance for t in c.tests]
+        missing = [f"{c.system} vs {c.baseline}: {why}" for c in item.significance for why in c.missing]
+        sentences = next((c.sentences for c in item.significance if c.sentences), 0)
+        text += (f"\n\nPaired bootstrap on the {sentences} test sentences longer than training, seed by seed "
+                 f"({report.n_samples} resamples, sacreBLEU; p < 0.05 counts as significant):\n\n"
+                 + md_table(["comparison", "seed", "baseline BLEU", "system BLEU", "system − baseline", "p"], lines))
+        if missing:
+            text += "\n\nNot tested: " + "; ".join(missing) + "."
+    elif g.refs is None and seen:
+        text += f"\n\nNo paired test: {no_refs(report, g)}."
+    return text
+
+
+def length_markdown(report: Report, name: str) -> str:
+    items: list[LengthGroup] = report.extra["length"]
+    claims = [md_claim(i.claim) for i in items if i.claim]
+    parts = [f"# {report.title}", md_intro(report), *(md_item(i, report) for i in items), "## Claim",
+             "\n".join(claims) or "- No claim could be checked: no bucket is known to be longer than training, "
+                                  "or abs or rel is missing.", VERDICTS_LENGTH,
+             "## Plot", f"![BLEU by source length]({name}_buckets.png)"]
+    return "\n\n".join(parts) + "\n"

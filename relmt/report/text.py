@@ -1,0 +1,79 @@
+"""Markdown building blocks and the report's header (sources, skipped runs, command, host)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from relmt.report.aggregate import Stat, seeds_of
+from relmt.report.build import Report
+
+DASH = "–"
+
+
+def fmt(stat: Stat | float | None) -> str:
+    if stat is None:
+        return DASH
+    return str(stat) if isinstance(stat, Stat) else f"{stat:.1f}"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def host() -> dict[str, str]:
+    """What the report was made on (date, CPU, torch and git versions); torch is not imported for it."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    try:
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+                             cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        git = "unknown"
+    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu,
+            "cpu_count": str(os.cpu_count()), "torch": torch, "git": git}
+
+
+def no_refs(report: Report, group) -> str:
+    """Why a group has no paired tests: no --refs at all, or none for its data set."""
+    if not report.refs:
+        return ("the report was built without `--refs DIR`, the folder of the reference files `{split}.{tgt}` that "
+                "each run's translations/ are tested against")
+    return f"no `--refs` folder for data set {group.data} (give `--refs {group.data}=DIR` or a plain `--refs DIR`)"
+
+
+def md_intro(report: Report) -> str:
+    sources = ", ".join(f"`{s}`" for s in report.sources)
+    seeds = ", ".join(map(str, seeds_of(report.runs))) or DASH
+    text = f"Read {plural(len(report.runs), 'completed run')} from {sources}; seeds found: {seeds}."
+    if report.skipped:
+        listed = "; ".join(f"`{p}` ({why})" for p, why in report.skipped)
+        verb = "is" if len(report.skipped) == 1 else "are"
+        text += f' Skipped {plural(len(report.skipped), "run")} that {verb} not "completed": {listed}.'
+    if report.command:
+        text += f"\n\nThe runs were produced by: `{report.command}`"
+    hw = host()
+    text += (f"\n\nThis report: {hw['date']}, on {hw['cpu']} ({hw['cpu_count']} cores), torch {hw['torch']}, "
+             f"git {hw['git']}.")
+    return text

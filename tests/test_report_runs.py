@@ -1,0 +1,111 @@
+"""relmt-report's reading of run directories: the model preset's name, learning curves from
+metrics.jsonl, the console script, and the report layer's imports."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from relmt.report.aggregate import Stat
+from relmt.report.cli import main
+from relmt.report.curves import learning_curves, sampled
+from relmt.report.runs import load_run, read_curve
+from tests.report_runs import config, write_run
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_every_model_preset_records_its_name():
+    for path in sorted((ROOT / "configs" / "model").glob("*.yaml")):
+        assert yaml.safe_load(path.read_text())["name"] == path.stem, path
+
+
+def test_runs_group_by_the_recorded_preset_and_old_runs_say_their_size_is_guessed(tmp_path):
+    test = {"test": {"bleu": 30.0}}
+    write_run(tmp_path / "new_rel", config(1, "rel"), test)  # model.name: mmt_tiny, d_model 128
+    write_run(tmp_path / "new_abs", config(1, "abs"), {"test": {"bleu": 29.0}})
+    write_run(tmp_path / "old_rel", config(1, "rel", model=None), test)  # config.yaml from before model.name
+    assert (load_run(tmp_path / "new_rel").model, load_run(tmp_path / "new_rel").model_guessed) == ("mmt_tiny", False)
+    assert (load_run(tmp_path / "old_rel").model, load_run(tmp_path / "old_rel").model_guessed) == ("toy", True)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x"]) == 0
+    md = buf.getvalue()
+    new = md[md.index("## multi30k_text, mmt_tiny model (d_model 128)"):md.index("## multi30k_text, toy model")]
+    old = md[md.index("## multi30k_text, toy model (d_model 128)"):md.index("## Claims")]
+    assert "guessed" not in new and "2 runs;" in new
+    assert 'The model preset "toy" is guessed from d_model: these runs\' config.yaml predates model.name.' in old
+    # a toy run that records its preset joins the guessed one, and the note counts the guessed runs
+    write_run(tmp_path / "named_toy", config(2, "rel", model="toy"), test)
+    with contextlib.redirect_stdout(io.StringIO()) as buf:
+        assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x"]) == 0
+    assert ('For 1 of the 2 runs the model preset "toy" is guessed from d_model (their config.yaml predates '
+            'model.name).') in buf.getvalue()
+
+
+def test_read_curve_keeps_the_last_valid_record_of_each_update(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 100, "tag": "train", "loss": 3.0}\n'
+                    '{"step": 500, "tag": "valid", "bleu": 10.0}\n'
+                    '{"step": 1000, "tag": "valid", "loss": 2.0}\n'  # validation without BLEU (train.valid_bleu=false)
+                    '{"step": 1000, "tag": "valid", "bleu": 12.0}\n'
+                    '{"step": 500, "tag": "valid", "bleu": 11.0}\n'  # logged again by a resumed run
+                    '[1, 2]\n'
+                    '{"step": 15')  # cut short by a kill
+    assert read_curve(path) == [(500, 11.0), (1000, 12.0)]
+    assert read_curve(tmp_path / "missing.jsonl") == []
+
+
+def test_learning_curves_average_seeds_at_each_update(tmp_path):
+    runs = []
+    for seed, curve in ((1, [(500, 10.0), (1000, 20.0)]), (2, [(500, 12.0)])):  # seed 2 stopped early
+        runs.append(load_run(write_run(tmp_path / f"rel{seed}", config(seed, "rel"), {}, curve=curve)))
+    runs.append(load_run(write_run(tmp_path / "abs1", config(1, "abs"), {}, curve=[(1000, 5.0)])))
+    curves = learning_curves(runs)
+    assert curves["columns"] == ["abs", "rel"] and curves["seeds"] == {"abs": [1], "rel": [1, 2]}
+    assert [r["step"] for r in curves["rows"]] == [500, 1000]
+    assert curves["rows"][0]["bleu"] == {"abs": None, "rel": Stat(11.0, pytest.approx(2 ** 0.5), 2)}
+    assert curves["rows"][1]["bleu"] == {"abs": Stat(5.0, 0.0, 1), "rel": Stat(20.0, 0.0, 1)}
+    assert learning_curves([load_run(write_run(tmp_path / "none", config(1, "rel"), {}))]) is None
+
+
+def test_sampled_rows_keep_the_first_and_the_last():
+    rows = [{"step": i} for i in range(20)]
+    picked = [r["step"] for r in sampled(rows, 8)]
+    assert len(picked) == 8 and picked[0] == 0 and picked[-1] == 19 and picked == sorted(picked)
+    assert sampled(rows[:5], 8) == rows[:5]
+
+
+def test_console_script_points_at_main():
+    # tomllib is Python 3.11+; the project supports 3.10, so the [project.scripts] line is read as text
+    scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
+    assert 'relmt-report = "relmt.report.cli:main"' in scripts.splitlines()
+    proc = subprocess.run([sys.executable, "-m", "relmt.report.cli", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "usage: relmt-report" in proc.stdout and "--refs" in proc.stdout
+
+
+def test_report_layer_imports_no_trainer_cli_or_bench():
+    """STYLE.md §3: report sits above evaluate and below cli; it reads run directories, never the trainer."""
+    for path in sorted((ROOT / "relmt" / "report").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith(("relmt.train", "relmt.cli", "relmt.bench")), (path.name, name)
+
+
+def test_length_filtered_runs_form_a_group_of_their_own(tmp_path):
+    for name, extra in (("full", {}), ("filtered", {"train_max_src_words": 14}), ("off", {"train_max_src_words": 0})):
+        write_run(tmp_path / name, config(1, "rel", **extra), {"test": {"bleu": 30.0}})
+    with contextlib.redirect_stdout(io.StringIO()) as buf:
+        assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x"]) == 0
+    md = buf.getvalue()
+    assert "## multi30k_text, mmt_tiny model (d_model 128)\n\n2 runs;" in md  # 0 = no filter
+    assert "## multi30k_text, mmt_tiny model (d_model 128; training sources ≤ 14 words)\n\n1 run;" in md
