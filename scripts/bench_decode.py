@@ -130,7 +130,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--beam", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
+    ap.add_argument("--max-source-tokens", type=int, default=8000,
+                    help="source tokens per batch (decode.max_source_tokens)")
     ap.add_argument("--forced-length", type=int, default=20)
     ap.add_argument("--regimes", nargs="+", default=["forced"], choices=["forced", "free"])
     ap.add_argument("--repeats", type=int, default=3)
@@ -148,7 +149,7 @@ def main() -> None:
 
     rows, per_step = [], {}
     for regime in args.regimes:
-        decode = {"beam": args.beam, "max_tokens": args.max_tokens, "nbest": 1}
+        decode = {"beam": args.beam, "max_source_tokens": args.max_source_tokens, "nbest": 1}
         if regime == "forced":
             decode.update(max_len_a=0.0, max_len_b=args.forced_length, min_len=args.forced_length)
         for kind, translator in translators.items():
@@ -197,7 +198,7 @@ def main() -> None:
         args.md.write_text(
             f"# Beam-{args.beam} decoding speed ({device.type})\n\n"
             f"{len(sentences)} source sentences ({args.text_dir or 'toy corpus'}, split {args.split}) translated "
-            f"with `Translator` (length-sorted batches of at most {args.max_tokens} source tokens, beam "
+            f"with `Translator` (length-sorted batches of at most {args.max_source_tokens} source tokens, beam "
             f"{args.beam}, detokenized output), {models}, fp32. `forced`: every output has exactly "
             f"{args.forced_length} tokens. Median of {args.repeats} runs after a warm-up.\n\n"
             f"- command: `{command_line()}`\n- hardware: {hw.get('gpu', hw['cpu'])}, {hw['torch_threads']} torch "

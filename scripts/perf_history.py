@@ -4,8 +4,10 @@
 For every commit, the code is checked out into a temporary git worktree and a fixed probe runs
 against it (in a fresh process, with that worktree first on the path). The probe uses only APIs
 that all these commits share (build_model, label_smoothed_nll, beam_search), and calls
-relmt.runtime.tune_cpu where the commit has it. Its workload is the peer corpus read as words (a
-shared word vocabulary by frequency, no sentencepiece, so the vocabulary equals the peers'):
+relmt.runtime.tune_cpu where the commit has it, and relmt.decode.search.output_weight (the output
+weight padded for the CPU GEMM, which older commits' models padded themselves) likewise. Its
+workload is the peer corpus read as words (a shared word vocabulary by frequency, no
+sentencepiece, so the vocabulary equals the peers'):
 - training: forward, label-smoothed loss, backward and an Adam step on the same length-sorted
   batches of at most --max-tokens padded source + target tokens, small model, abs and rel (k = 16)
   alternating step by step, warm-up steps excluded;
@@ -41,6 +43,10 @@ except ImportError:
     pass
 from relmt.config import ModelConfig, PosKind
 from relmt.decode.beam import beam_search
+try:  # since issue 13 the decoding front-end, not the model, pads the output weight for the CPU GEMM
+    from relmt.decode.search import output_weight
+except ImportError:
+    output_weight = None
 from relmt.model.transformer import build_model
 from relmt.train.loss import label_smoothed_nll
 
@@ -114,7 +120,9 @@ def src_tensor(index):
 dec_src = [src_tensor(b) for b in dec_batches]
 for k, m in models.items():
     m.eval()
-    run = lambda: [beam_search(m, x, 4, BOS, EOS, 0.6, max_len_a=0.0, max_len_b=20, min_len=20) for x in dec_src]
+    pad = {"out_weight": output_weight(m, torch.device("cpu"))} if output_weight else {}
+    run = lambda: [beam_search(m, x, 4, BOS, EOS, 0.6, max_len_a=0.0, max_len_b=20, min_len=20, **pad)
+                   for x in dec_src]
     run()
     times = []
     for _ in range(repeats):

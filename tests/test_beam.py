@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from relmt.config import DecodeConfig, EosCandidates, ModelConfig
-from relmt.decode.beam import beam_search, can_stop, length_penalty, merge_finished, topk_candidates
-from relmt.decode.greedy import greedy_decode, max_lengths
-from relmt.decode.search import nbest_search, search
+from relmt.decode.beam import beam_search, can_stop, length_penalty, max_lengths, merge_finished, topk_candidates
+from relmt.decode.greedy import greedy_decode
+from relmt.decode.search import decode_sources, nbest_search
 from relmt.model.transformer import build_model
 from tests.test_incremental import MODES, batch, make
 
@@ -80,7 +80,7 @@ class StubModel:
     def encode(self, src):
         return torch.zeros(src.shape[0], src.shape[1], 1), src != PAD
 
-    def decode_step(self, tokens, memory, src_mask, cache, step):
+    def decode_step(self, tokens, memory, src_mask, cache, step, out_weight=None):
         self.steps += 1
         logits = torch.full((tokens.shape[0], self.vocab), INF)
         for row, tok in enumerate(tokens.tolist()):
@@ -243,14 +243,19 @@ def test_beam_one_under_the_t2t_rule_on_random_markov_models(lenpen, early_stop,
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_decode_config_beam_one_is_greedy(mode, float64):
-    """Beam 1 in a DecodeConfig is greedy decoding whatever eos_candidates says, with or without alpha."""
+    """Beam 1 in a DecodeConfig is greedy decoding whatever eos_candidates says, with or without
+    alpha and min_len: on a batch (nbest_search) and through the front-end that validation and
+    relmt-translate share (decode_sources, which takes the sources without EOS)."""
     model = make(mode)
     src, _ = batch()
-    greedy = greedy_decode(model, src, BOS, EOS, max_len_a=0.5, max_len_b=6)
-    for rule in EosCandidates:
-        cfg = DecodeConfig(beam=1, lenpen=0.6, max_len_a=0.5, max_len_b=6, eos_candidates=rule)
-        assert [h[0].tokens for h in nbest_search(model, src, cfg)] == greedy
-        assert search(model, src, cfg) == greedy
+    sources = [row[(row != PAD) & (row != EOS)].tolist() for row in src]
+    for min_len in (0, 3):
+        greedy = greedy_decode(model, src, BOS, EOS, max_len_a=0.5, max_len_b=6, min_len=min_len)
+        for rule in EosCandidates:
+            cfg = DecodeConfig(beam=1, lenpen=0.6, max_len_a=0.5, max_len_b=6, eos_candidates=rule, min_len=min_len)
+            assert [h[0].tokens for h in nbest_search(model, src, cfg)] == greedy
+            hyps = decode_sources(model, sources, cfg, torch.device("cpu"))
+            assert [h[0].tokens for h in hyps] == greedy
 
 
 def exhaustive_best(model, src, length: int, alpha: float, top: int):

@@ -15,14 +15,15 @@ import pytest
 import torch
 
 from relmt import checkpoint
-from relmt.cli import _translate, guarded
+from relmt.cli import _translate, guarded, renamed_overrides
 from relmt.config import DecodeConfig, Precision, compose
 from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import EOS_ID
-from relmt.decode.search import decode_split, nbest_search
+from relmt.decode.search import decode_sources, nbest_search, output_weight
 from relmt.decode.translator import Translator
 from relmt.runtime import autocast_dtype
 from relmt.train.loop import train
+from relmt.train.validate import split_sources
 
 RELMT_TRANSLATE = str(Path(sys.executable).parent / "relmt-translate")
 SENTENCES = ["the dog saw the cat", "a small red bird sang", "alice said that bob arrived",
@@ -122,7 +123,7 @@ def test_cli_errors(ckpt, tmp_path, capsys):
     ("beam=0", "beam=0: must be >= 1"),
     ("lenpen=-1", "lenpen=-1.0: must be >= 0"),
     ("max_len_a=-2", "max_len_a=-2.0: must be >= 0"),
-    ("max_tokens=0", "max_tokens=0: must be >= 1"),
+    ("max_source_tokens=0", "max_source_tokens=0: must be >= 1"),
     ("max_source_len=-1", "max_source_len=-1: must be >= 0"),
     ("eos_candidates=best", "eos_candidates=best: must be one of t2t, fairseq"),
     ("precision=fp8", "precision=fp8: must be one of auto, fp32, bf16, fp16"),
@@ -273,10 +274,11 @@ def test_long_source_is_truncated_with_a_warning_naming_its_line(ckpt, tmp_path,
     ids = translator.tokenizer.encode([long])[0]
     assert len(ids) > 6
     cfg = DecodeConfig(beam=2, max_len_b=8, max_source_len=6)
-    cut = nbest_search(translator.model, torch.tensor([ids[:6] + [EOS_ID]]), cfg)[0][0].tokens
+    cut = nbest_search(translator.model, torch.tensor([ids[:6] + [EOS_ID]]), cfg,
+                       output_weight(translator.model, torch.device("cpu")))[0][0].tokens
     src = tmp_path / "in.txt"
     src.write_text(f"{SENTENCES[0]}\n\n{long}\n{SENTENCES[4]}\n", encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="relmt.decode.translator"):
+    with caplog.at_level(logging.WARNING, logger="relmt.decode.search"):
         assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", f"input={src}", "beam=2",
                                                        "max_len_b=8", "max_source_len=6", "buffer_lines=2"]) == 0
     assert capsys.readouterr().out.splitlines()[2] == translator.tokenizer.decode([cut])[0]
@@ -288,23 +290,48 @@ def test_api_truncates_long_sources(ckpt, caplog):
     translator = Translator.from_checkpoint(ckpt)
     long = " ".join(SENTENCES)
     n = len(translator.tokenizer.encode([long])[0])
-    with caplog.at_level(logging.WARNING, logger="relmt.decode.translator"):
+    with caplog.at_level(logging.WARNING, logger="relmt.decode.search"):
         capped = translator.hypotheses([SENTENCES[4], long], beam=2, max_len_b=8, max_source_len=n - 1)
     assert f"input:2: the source has {n} tokens, more than max_source_len={n - 1}" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="relmt.decode.translator"):
+    with caplog.at_level(logging.WARNING, logger="relmt.decode.search"):
         whole = translator.hypotheses([SENTENCES[4], long], beam=2, max_len_b=8, max_source_len=n)
     assert caplog.text == "" and len(capped) == len(whole) == 2
 
 
-def test_decode_split_applies_max_source_len(ckpt, caplog):
+def test_validation_applies_max_source_len(ckpt, caplog):
+    """Validation caps long sources as relmt-translate does; the warning names the split's source
+    side and the example's line."""
     model = Translator.from_checkpoint(ckpt).model
     src = [[5, 6, 7, 8, 9, 10, 11, EOS_ID], [12, 13, EOS_ID]]
     data = SplitIds(np.array([t for s in src for t in s], dtype=np.int32), np.array([0, 8, 11]),
                     np.zeros(0, dtype=np.int32), np.array([0, 0, 0]))
     cfg = DecodeConfig(beam=2, max_len_b=6, max_source_len=4)
     with caplog.at_level(logging.WARNING, logger="relmt.decode.search"):
-        out = decode_split(model, data, cfg, torch.device("cpu"))
-    assert "1 source sentence(s) have more than decode.max_source_len=4 tokens (the first: example 0" in caplog.text
-    expected = [nbest_search(model, torch.tensor([s]), cfg)[0][0].tokens for s in ([5, 6, 7, 8, EOS_ID], src[1])]
-    assert out == expected
+        out = decode_sources(model, split_sources(data), cfg, torch.device("cpu"), name="valid.en")
+    assert "valid.en:1: the source has 7 tokens, more than max_source_len=4" in caplog.text
+    assert "valid.en:2" not in caplog.text
+    weight = output_weight(model, torch.device("cpu"))
+    expected = [nbest_search(model, torch.tensor([s]), cfg, weight)[0] for s in ([5, 6, 7, 8, EOS_ID], src[1])]
+    assert [[h.tokens for h in hs] for hs in out] == [[h.tokens for h in hs] for hs in expected]
+    assert [h.score for hs in out for h in hs] == pytest.approx([h.score for hs in expected for h in hs], rel=1e-5)
+
+
+def test_renamed_max_tokens_names_max_source_tokens(ckpt, capsys):
+    """issue 13: decode's max_tokens counted source tokens only, training's padded source + target."""
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", "max_tokens=100"]) == 2
+    err = capsys.readouterr().err
+    assert "max_tokens: renamed max_source_tokens" in err and "max_source_tokens=100" in err
+    assert "Traceback" not in err
+    assert "decode.max_source_tokens" in " ".join(renamed_overrides(["decode.max_tokens=100"]))  # relmt-train
+
+
+def test_checkpoint_with_the_old_decode_key_still_loads(ckpt, tmp_path):
+    """A checkpoint saved while decode.max_source_tokens was decode.max_tokens keeps its value."""
+    ck = checkpoint.load(ckpt)
+    ck.pop("checksum", None)
+    decode = ck["config"]["decode"]
+    del decode["max_source_tokens"]
+    decode["max_tokens"] = 123
+    checkpoint.save(ck, tmp_path, ["old.pt"])
+    assert Translator.from_checkpoint(tmp_path / "old.pt").decode.max_source_tokens == 123

@@ -14,6 +14,7 @@ from relmt.config import DecodeConfig, ModelConfig
 from relmt.data.batching import collate
 from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import EOS_ID, PAD_ID
+from relmt.decode.beam import Hypothesis
 from relmt.evaluate.metrics import lowercased_bleu, tokenized_bleu
 from relmt.model.transformer import build_model
 from relmt.train import validate
@@ -59,7 +60,7 @@ def make_corpus(src_ids: list[list[int]], tgt_ids: list[list[int]], refs: list[s
 def test_translate_split_stores_tokenized_bleu_beside_sacrebleu(tmp_path, monkeypatch, tgt, lang):
     refs = ["Die Auto-Branche wächst .", "Der Hund läuft schnell ."]
     hyp_ids = [[4, 5, 6, 7], [8, 9, 10, 7]]
-    monkeypatch.setattr(validate, "decode_split", lambda *args: hyp_ids)
+    monkeypatch.setattr(validate, "decode_sources", lambda *args, **kw: [[Hypothesis(h, 0.0)] for h in hyp_ids])
     corpus = make_corpus([[5, EOS_ID]] * 2, [[4, 5]] * 2, refs, tgt)
     out = tmp_path / "hyps" / "valid.txt"
     scores, hyps = validate.translate_split(None, corpus, "valid", DecodeConfig(), torch.device("cpu"),

@@ -33,8 +33,13 @@ import torch
 from torch import Tensor
 
 from relmt.config import EosCandidates
-from relmt.decode.greedy import max_lengths
 from relmt.model.transformer import Transformer
+
+
+def max_lengths(src_mask: Tensor, a: float, b: int) -> Tensor:
+    """Per-sentence step limit floor(a * |x| + b), (B,) int64, from the source keep-mask (B, S)
+    (tensor2tensor decodes up to input length + 50: a = 1, b = 50)."""
+    return (a * src_mask.sum(dim=1).to(torch.float64) + b).floor().long().clamp(min=1)
 
 
 def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
@@ -78,8 +83,10 @@ class Hypothesis:
 def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id: int, lenpen: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1, early_stop: bool = False,
                 min_len: int = 0, use_cache: bool = True, eos_candidates: EosCandidates | str = EosCandidates.t2t,
-                ) -> list[list[Hypothesis]]:
-    """The `nbest` best hypotheses of each source row of src (B, S), best first."""
+                out_weight: Tensor | None = None) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses of each source row of src (B, S), best first. `out_weight` is
+    the output weight padded with zero rows for a faster CPU GEMM (relmt.decode.search.output_weight),
+    handed to every cached step; None: the tied embedding itself."""
     k, pad_id = beam, model.pad_id
     t2t = EosCandidates(eos_candidates) == EosCandidates.t2t
     memory, src_mask = model.encode(src)
@@ -95,7 +102,8 @@ def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id:
     cache = None
     for t in range(int(limit.max())):
         if use_cache:
-            logits, cache = model.decode_step(tokens[:, -1], memory, src_mask, cache, step=t)
+            logits, cache = model.decode_step(tokens[:, -1], memory, src_mask, cache, step=t,
+                                              out_weight=out_weight)
         else:
             logits = model.decode(tokens, memory, src_mask)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (m*K, V)

@@ -1,4 +1,6 @@
-"""Greedy decoding: the simplest correct decoder, and the oracle the beam search is tested against.
+"""Greedy decoding: the simplest correct decoder, kept as the oracle the beam search is tested
+against (tests/test_beam.py, tests/test_decode_paths.py). Nothing decodes through it: a beam of 1
+in `relmt.decode.search` is the beam search, which must give these tokens.
 
 A hypothesis ends at EOS or after `max_len = floor(a * src_len + b)` decoding steps, whichever
 comes first (tensor2tensor decodes up to input length + 50: a = 1, b = 50).
@@ -9,12 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from relmt.decode.beam import max_lengths
 from relmt.model.transformer import Transformer
-
-
-def max_lengths(src_mask: Tensor, a: float, b: int) -> Tensor:
-    """Per-sentence step limit, (B,) int64, from the source keep-mask (B, S)."""
-    return (a * src_mask.sum(dim=1).to(torch.float64) + b).floor().long().clamp(min=1)
 
 
 def strip(row: list[int], eos_id: int, pad_id: int) -> list[int]:

@@ -1,80 +1,110 @@
-"""Decoding whole splits: length-sorted batches on the source side, results in input order."""
+"""The one decoding front-end: validation BLEU (relmt.train.validate) and relmt-translate
+(relmt.decode.translator) both call `decode_sources`, so the same sources and `DecodeConfig` give
+the same hypotheses, with the same scores, in either.
+
+It caps long sources, cuts length-sorted batches by source tokens, pads them, runs the search under
+the caller's autocast and returns each source's hypotheses in input order. The search is always
+`beam_search`; a beam of 1 is greedy decoding, token for token (relmt/decode/greedy.py is the
+oracle that tests/test_beam.py holds it to).
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from tqdm import tqdm
 
 from relmt.config import DecodeConfig, EosCandidates
-from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import Hypothesis, beam_search
-from relmt.decode.greedy import greedy_decode
 from relmt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
 
-def source_batches(src_lens: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Indices sorted by source length (longest first), cut so that B x max length <= max_tokens
-    (a longer single sentence still gets a batch of its own)."""
+def source_batches(src_lens: np.ndarray, max_source_tokens: int) -> list[np.ndarray]:
+    """Indices sorted by source length (longest first), cut so that B x max length <=
+    max_source_tokens (a longer single sentence still gets a batch of its own)."""
     order = np.argsort(-src_lens, kind="stable")
     batches, start = [], 0
     while start < len(order):
         width = max(int(src_lens[order[start]]), 1)
-        size = max(1, max_tokens // width)
+        size = max(1, max_source_tokens // width)
         batches.append(order[start:start + size])
         start += size
     return batches
 
 
-def search(model: Transformer, src: Tensor, cfg: DecodeConfig) -> list[list[int]]:
-    """Best output ids (no BOS/EOS) for each row of src (B, S), by greedy or beam search."""
-    if cfg.beam == 1:
-        return greedy_decode(model, src, BOS_ID, EOS_ID, cfg.max_len_a, cfg.max_len_b, min_len=cfg.min_len)
-    return [h[0].tokens for h in nbest_search(model, src, cfg)]
+def output_weight(model: Transformer, device: torch.device) -> Tensor | None:
+    """The tied output weight (V, d_model) zero-padded to a multiple of 16 rows, for decoding on a
+    CPU; None where it is not needed (another device, or V already a multiple of 16).
+
+    An odd row count (a vocabulary of 3,859, say) makes the CPU GEMM of the output projection much
+    slower (misaligned rows; docs/results/perf_log.md). Decoding pads once per call, while the
+    weights are fixed, and `Transformer.decode_step` cuts the padded rows' scores off again."""
+    w = model.tgt_embed.weight
+    extra = -w.shape[0] % 16
+    if device.type != "cpu" or not extra:
+        return None
+    return F.pad(w.detach(), (0, 0, 0, extra))
 
 
-def nbest_search(model: Transformer, src: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+def nbest_search(model: Transformer, src: Tensor, cfg: DecodeConfig, out_weight: Tensor | None = None,
+                 ) -> list[list[Hypothesis]]:
     """The cfg.nbest best hypotheses (ids and score) of each row of src (B, S), best first.
 
-    Beam 1 is greedy decoding, as `search` does it: a beam of one that only lets an EOS ranked first
-    finish (fairseq's rule) and stops at its first finished hypothesis. Under t2t's rule an EOS
-    ranked second would also finish, and the result would no longer be the argmax path."""
+    Beam 1 is greedy decoding: a beam of one that only lets an EOS ranked first finish (fairseq's
+    rule) and stops at its first finished hypothesis. Under t2t's rule an EOS ranked second would
+    also finish, and the result would no longer be the argmax path (relmt/decode/beam.py)."""
     greedy = cfg.beam == 1
     return beam_search(model, src, cfg.beam, BOS_ID, EOS_ID, cfg.lenpen, cfg.max_len_a, cfg.max_len_b,
                        nbest=cfg.nbest, early_stop=cfg.early_stop or greedy, min_len=cfg.min_len,
-                       eos_candidates=EosCandidates.fairseq if greedy else cfg.eos_candidates)
+                       eos_candidates=EosCandidates.fairseq if greedy else cfg.eos_candidates,
+                       out_weight=out_weight)
 
 
 @torch.no_grad()
-def decode_split(model: Transformer, data: SplitIds, cfg: DecodeConfig, device: torch.device,
-                 autocast_dtype: torch.dtype | None = None) -> list[list[int]]:
-    """Decode every source sentence of a split; output i belongs to example i. A source longer than
-    cfg.max_source_len tokens is cut to its first max_source_len, with a warning (as in translation)."""
+def decode_sources(model: Transformer, sources: Sequence[np.ndarray | list[int]], cfg: DecodeConfig,
+                   device: torch.device, autocast_dtype: torch.dtype | None = None, name: str = "input",
+                   first_line: int = 1, progress: bool = False) -> list[list[Hypothesis]]:
+    """The cfg.nbest hypotheses of each source, in input order; [] for an empty source.
+
+    sources: token ids without EOS (appended here). A source longer than cfg.max_source_len tokens
+    is cut to its first max_source_len, with a warning naming it as line `first_line + i` of
+    `name`. Batches hold at most cfg.max_source_tokens source tokens (EOS and padding included),
+    and run under autocast to `autocast_dtype` (None: the model's own precision)."""
+    cap = cfg.max_source_len
+    lens = np.array([len(x) for x in sources], dtype=np.int64)
+    if cap:
+        for i in np.flatnonzero(lens > cap):
+            log.warning("%s:%d: the source has %d tokens, more than max_source_len=%d; decoding only its first %d",
+                        name, first_line + i, lens[i], cap, cap)
+        lens = np.minimum(lens, cap)
+    todo = np.flatnonzero(lens)  # an empty source gives no hypotheses (an empty line, an empty output)
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    if not len(todo):
+        return results
     was_training = model.training
     model.eval()
-    out: list[list[int]] = [[] for _ in range(len(data))]
-    lens = data.src_lens  # each source ends in EOS, which the cap does not count
-    if cfg.max_source_len and (lens > cfg.max_source_len + 1).any():
-        long = np.flatnonzero(lens > cfg.max_source_len + 1)
-        log.warning("%d source sentence(s) have more than decode.max_source_len=%d tokens (the first: example %d, "
-                    "%d tokens); decoding only their first %d", len(long), cfg.max_source_len, long[0],
-                    lens[long[0]] - 1, cfg.max_source_len)
-        lens = np.minimum(lens, cfg.max_source_len + 1)
-    for index in source_batches(lens, cfg.max_tokens):
-        src = np.full((len(index), lens[index].max()), PAD_ID, dtype=np.int64)
-        for row, i in enumerate(index):
-            start = data.src_offsets[i]
-            src[row, : lens[i] - 1] = data.src[start:start + lens[i] - 1]
-            src[row, lens[i] - 1] = EOS_ID
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                            enabled=autocast_dtype is not None):
-            hyps = search(model, torch.from_numpy(src).to(device), cfg)
-        for i, hyp in zip(index, hyps):
-            out[i] = hyp
-    model.train(was_training)
-    return out
+    weight = output_weight(model, device)
+    try:
+        for batch in tqdm(source_batches(lens[todo] + 1, cfg.max_source_tokens), desc="translate", unit="batch",
+                          disable=not progress):
+            index = todo[batch]
+            src = np.full((len(index), lens[index].max() + 1), PAD_ID, dtype=np.int64)  # (B, S): ids, EOS, PAD
+            for row, i in enumerate(index):
+                src[row, : lens[i]] = sources[i][: lens[i]]
+                src[row, lens[i]] = EOS_ID
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                hyps = nbest_search(model, torch.from_numpy(src).to(device), cfg, weight)
+            for i, h in zip(index, hyps):
+                results[i] = h
+    finally:
+        model.train(was_training)
+    return results

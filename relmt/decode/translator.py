@@ -6,10 +6,11 @@
 The checkpoint alone is enough: it holds the config and the sentencepiece model (its path, hash
 and bytes; the bytes serve when the file has moved or changed). Decoding settings are the
 checkpoint's decode config unless overridden, and precision is the one it was trained with
-(train.precision) unless overridden. Inputs are batched by source tokens in length order and the
-outputs returned in input order; an empty input gives an empty output, so line i of the output
-always belongs to line i of the input. A source longer than decode.max_source_len tokens is cut
-to that many, with a warning naming its line.
+(train.precision) unless overridden. Decoding goes through `relmt.decode.search.decode_sources`,
+as validation during training does, so both give the same output for the same settings: inputs
+batched by source tokens in length order, outputs in input order. An empty input gives an empty
+output, so line i of the output always belongs to line i of the input. A source longer than
+decode.max_source_len tokens is cut to that many, with a warning naming its line.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
 from relmt import checkpoint
 from relmt.config import DecodeConfig, Precision, from_dict
-from relmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from relmt.data.tokenizer import PAD_ID, Tokenizer
 from relmt.decode.beam import Hypothesis
-from relmt.decode.search import nbest_search, source_batches
+from relmt.decode.search import decode_sources
 from relmt.errors import UserError
 from relmt.model.transformer import Transformer, build_model
 from relmt.runtime import autocast_dtype, resolve_device, tune_cpu
@@ -79,8 +78,8 @@ class Translator:
 
     def translate(self, sentences: list[str], **decode: object) -> list[str]:
         """The best translation of each sentence. Keyword arguments override DecodeConfig fields
-        (beam, lenpen, max_len_a, max_len_b, max_tokens, early_stop, min_len, eos_candidates,
-        max_source_len)."""
+        (beam, lenpen, max_len_a, max_len_b, max_source_tokens, nbest, early_stop, min_len,
+        eos_candidates, max_source_len)."""
         return [hyps[0][0] if hyps else "" for hyps in self.translate_nbest(sentences, **decode)]
 
     def translate_nbest(self, sentences: list[str], progress: bool = False, name: str = "input",
@@ -95,25 +94,6 @@ class Translator:
         """The `nbest` hypotheses (output ids and score) of each sentence; [] for an empty line.
         Sentence i is line first_line + i of `name` in the warning about a truncated source."""
         cfg = replace(self.decode, **decode)
-        ids = [x + [EOS_ID] if s.strip() else [] for s, x in zip(sentences, self.tokenizer.encode(sentences))]
-        cap = cfg.max_source_len
-        for i, x in enumerate(ids):
-            if cap and len(x) > cap + 1:  # + 1: the EOS every source ends with
-                log.warning("%s:%d: the source has %d tokens, more than max_source_len=%d; translating only "
-                            "its first %d", name, first_line + i, len(x) - 1, cap, cap)
-                ids[i] = x[:cap] + [EOS_ID]
-        todo = np.array([i for i, x in enumerate(ids) if x], dtype=np.int64)
-        results: list[list[Hypothesis]] = [[] for _ in sentences]
-        lengths = np.array([len(ids[i]) for i in todo], dtype=np.int64)
-        batches = source_batches(lengths, cfg.max_tokens) if len(todo) else []
-        for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
-            index = todo[batch]
-            src = torch.full((len(index), int(lengths[batch].max())), PAD_ID, dtype=torch.long)
-            for row, i in enumerate(index):
-                src[row, : len(ids[i])] = torch.tensor(ids[i])
-            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                                                 enabled=self.autocast_dtype is not None):
-                hyps = nbest_search(self.model, src.to(self.device), cfg)
-            for i, h in zip(index, hyps):
-                results[i] = h
-        return results
+        ids = [x if s.strip() else [] for s, x in zip(sentences, self.tokenizer.encode(sentences))]
+        return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
+                              first_line=first_line, progress=progress)

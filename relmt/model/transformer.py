@@ -146,15 +146,9 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), src_mask
 
     def _logits(self, x: Tensor) -> Tensor:
-        """(B, T, V) scores over the vocabulary, from the tied embedding (Vaswani §3.4). The weight is
-        zero-padded to a multiple of 16 rows for the matmul and the extra scores are cut off: the
-        same result, but an odd output row width (a vocabulary of 3,859, say) makes the CPU GEMM
-        much slower (misaligned rows; docs/results/perf_log.md)."""
-        w = self.tgt_embed.weight
-        extra = -w.shape[0] % 16
-        if extra:
-            return F.linear(self.decoder_norm(x), F.pad(w, (0, 0, 0, extra)))[..., : w.shape[0]]
-        return F.linear(self.decoder_norm(x), w)
+        """x: (B, T, d_model) -> (B, T, V) scores over the vocabulary: the output projection is the
+        target embedding matrix itself (Vaswani §3.4, tied weights)."""
+        return F.linear(self.decoder_norm(x), self.tgt_embed.weight)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced pass. tgt_in: (B*K, T) = BOS + y, right-padded, K >= 1 hypotheses per
@@ -181,11 +175,16 @@ class Transformer(nn.Module):
         return DecoderCache(tuple(layers))
 
     def decode_step(self, tokens: Tensor, memory: Tensor, src_mask: Tensor,
-                    cache: DecoderCache | None = None, step: int = 0) -> tuple[Tensor, DecoderCache]:
+                    cache: DecoderCache | None = None, step: int = 0, out_weight: Tensor | None = None,
+                    ) -> tuple[Tensor, DecoderCache]:
         """One incremental step. tokens: (B*K,) the token at target position `step` of K >= 1
         hypotheses per sentence of memory (B, S, d_model); cache holds positions 0..step-1 (None
         at step 0). Returns (B*K, V) logits for position step+1 and the cache extended by this
-        position. The relative term uses the row of distances j - step."""
+        position. The relative term uses the row of distances j - step.
+
+        out_weight: (V', d_model), V' >= V, the tied embedding with zero rows appended, which a
+        decoder prepares once to make the output GEMM faster (relmt.decode.search.output_weight);
+        the scores of the appended rows are cut off, so the logits are those of `_logits`."""
         if tokens.shape[0] % memory.shape[0]:
             raise ValueError(f"decode_step: {tokens.shape[0]} hypotheses for {memory.shape[0]} sentences")
         if cache is None:
@@ -200,7 +199,11 @@ class Transformer(nn.Module):
         for layer, lc in zip(self.decoder_layers, cache.layers):
             x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, (lc.self_k, lc.self_v), cache.order)
             layers.append(LayerCache(k, v, lc.cross_k, lc.cross_v))
-        return self._logits(x)[:, 0], DecoderCache(tuple(layers))
+        if out_weight is None:
+            logits = self._logits(x)[:, 0]
+        else:
+            logits = F.linear(self.decoder_norm(x), out_weight)[:, 0, : self.tgt_embed.num_embeddings]
+        return logits, DecoderCache(tuple(layers))
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer:

@@ -16,7 +16,7 @@ import torch
 from relmt.config import DecodeConfig
 from relmt.data.batching import collate, pack
 from relmt.data.dataset import Corpus, SplitIds
-from relmt.decode.search import decode_split
+from relmt.decode.search import decode_sources
 from relmt.evaluate.metrics import chrf_score, lowercased_bleu, moses_lang, sacrebleu_score, tokenized_bleu
 from relmt.model.transformer import Transformer
 from relmt.train.loss import label_smoothed_nll
@@ -58,6 +58,17 @@ def target_lang(corpus: Corpus) -> str:
     return moses_lang(str(corpus.meta.get("config", {}).get("tgt", "")))
 
 
+def split_sources(data: SplitIds) -> list[np.ndarray]:
+    """Each source sentence of a split as token ids without its EOS, the input `decode_sources`
+    takes from relmt-translate's tokenizer as well (views into the cache, not copies)."""
+    return [data.src[start:end - 1] for start, end in zip(data.src_offsets[:-1], data.src_offsets[1:])]
+
+
+def source_name(corpus: Corpus, split: str) -> str:
+    """How a warning names the split's source side: {split}.{src}, a text corpus's file name."""
+    return f"{split}.{corpus.meta.get('config', {}).get('src', 'src')}"
+
+
 def translate_split(model: Transformer, corpus: Corpus, split: str, cfg: DecodeConfig, device: torch.device,
                     autocast_dtype: torch.dtype | None = None, out_file: Path | None = None,
                     tokenized: bool = True) -> tuple[dict, list[str]]:
@@ -71,8 +82,10 @@ def translate_split(model: Transformer, corpus: Corpus, split: str, cfg: DecodeC
     cost; the Moses tokenization of the tokenized BLEU adds a few percent, so it is on by default,
     also for validation: Tables 2 and 3 of the paper report validation (newstest2013) BLEU.
     """
-    ids = decode_split(model, corpus.ids(split), cfg, device, autocast_dtype)
-    hyps = corpus.tokenizer.decode(ids)
+    # The decoding of relmt-translate: same sources and settings, same translations (issue 13).
+    best = decode_sources(model, split_sources(corpus.ids(split)), cfg, device, autocast_dtype,
+                          name=source_name(corpus, split))
+    hyps = corpus.tokenizer.decode([h[0].tokens if h else [] for h in best])
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
         out_file.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
