@@ -19,14 +19,15 @@ USAGE = {
     "relmt-prepare": "relmt-prepare [data=<name>] [data.key=value ...]\n"
                      "Build the sentencepiece vocabulary and the encoded data cache, and print a summary.",
     "relmt-translate": "relmt-translate checkpoint=PATH [input=FILE] [output=FILE] [beam=4] [lenpen=0.6] [nbest=1]\n"
-                       "                [max_tokens=N] [max_len_a=A] [max_len_b=B] [eos_candidates=t2t|fairseq]\n"
-                       "                [max_source_len=1024] [buffer_lines=2000] [precision=auto|fp32|bf16|fp16]\n"
-                       "                [device=auto|cpu|cuda]\n"
+                       "                [max_source_tokens=N] [max_len_a=A] [max_len_b=B]\n"
+                       "                [eos_candidates=t2t|fairseq] [max_source_len=1024] [buffer_lines=2000]\n"
+                       "                [precision=auto|fp32|bf16|fp16] [device=auto|cpu|cuda]\n"
                        "Translate stdin (or input) line by line to stdout (or output), buffer_lines lines at a time:\n"
                        "each chunk is written, in input order, before the next is read. Unset decoding options come\n"
                        "from the checkpoint's decode config, and precision from its train.precision. A source over\n"
-                       "max_source_len tokens is truncated with a warning naming its line (0 = no cap). With\n"
-                       "nbest > 1 each line is `index<TAB>score<TAB>text`, index counting input lines from 0.",
+                       "max_source_len tokens is truncated with a warning naming its line (0 = no cap). A batch\n"
+                       "holds at most max_source_tokens source tokens (padding included). With nbest > 1 each\n"
+                       "line is `index<TAB>score<TAB>text`, index counting input lines from 0.",
     "relmt-score": "relmt-score hyp=FILE ref=FILE [src=FILE] [lang=de] [buckets=[10,20,30,40,60]] [out=FILE.json]\n"
                    "sacreBLEU and chrF with signatures, paper-comparable tokenized BLEU (Moses + compound\n"
                    "splitting), and with src, BLEU by source length. Prints a summary; writes JSON to out.",
@@ -149,7 +150,7 @@ class TranslateArgs:
     beam: int | None = None
     lenpen: float | None = None
     nbest: int = 1
-    max_tokens: int | None = None
+    max_source_tokens: int | None = None  # source tokens per batch, padding included
     max_len_a: float | None = None
     max_len_b: int | None = None
     eos_candidates: str = ""  # t2t | fairseq
@@ -160,8 +161,11 @@ class TranslateArgs:
     progress: bool = True
 
 
-TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "nbest", "max_tokens", "max_len_a", "max_len_b", "eos_candidates",
+TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "nbest", "max_source_tokens", "max_len_a", "max_len_b", "eos_candidates",
                          "max_source_len")
+# Keys that relmt-translate once took, and what they are called now (issue 13: max_tokens counted
+# padded source + target tokens in training and source tokens in decoding, under one name).
+TRANSLATE_RENAMED_KEYS = {"max_tokens": "max_source_tokens"}
 
 
 def read_input(path: str, buffer_lines: int = 2000) -> Iterator[tuple[int, list[str]]]:
@@ -202,6 +206,11 @@ def _translate(argv: list[str]) -> None:
     from relmt.config import EosCandidates
     from relmt.decode.translator import Translator
 
+    for arg in argv:
+        key = arg.partition("=")[0]
+        if key in TRANSLATE_RENAMED_KEYS:
+            raise UserError(f"{key}: renamed {TRANSLATE_RENAMED_KEYS[key]} (source tokens per decoding batch); "
+                            f"give {TRANSLATE_RENAMED_KEYS[key]}={arg.partition('=')[2] or 'N'}")
     args = parse_args(TranslateArgs, argv)
     setup_logging(logging.WARNING)
     if args.buffer_lines < 1:
@@ -330,6 +339,15 @@ def _train_job(dcfg) -> float | None:
     return metrics["best"]["value"]
 
 
+def renamed_overrides(argv: list[str]) -> list[str]:
+    """For each key=value of `argv` whose key was renamed (relmt.config.RENAMED_KEYS), what to use
+    instead: Hydra alone would only say that the old key is not in the schema."""
+    from relmt.config import RENAMED_KEYS
+
+    keys = [a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a]
+    return [f"{key} was renamed: use {RENAMED_KEYS[key]}" for key in keys if key in RENAMED_KEYS]
+
+
 def train() -> None:
     """Console script `relmt-train` (Hydra: `relmt-train model=base data=... train.max_steps=...`,
     sweeps with `-m`)."""
@@ -337,6 +355,10 @@ def train() -> None:
 
     from relmt.config import config_dir, register_configs
 
+    renamed = renamed_overrides(sys.argv[1:])
+    if renamed:
+        print(f"relmt-train: error: {'; '.join(renamed)}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     register_configs()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: one run directory for all ranks
         if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):

@@ -178,8 +178,10 @@ class DataConfig:
 
 
 class LrSchedule(str, Enum):
-    noam = "noam"  # Vaswani §5.3: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    inverse_sqrt = "inverse_sqrt"  # linear warm-up to the peak lr, then peak * sqrt(warmup / step)
+    """Each schedule reads its own field: noam `train.noam_scale`, inverse_sqrt `train.peak_lr`."""
+
+    noam = "noam"  # Vaswani §5.3: noam_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    inverse_sqrt = "inverse_sqrt"  # linear warm-up to peak_lr, then peak_lr * sqrt(warmup / step)
 
 
 class Precision(str, Enum):
@@ -194,17 +196,32 @@ class BestMetric(str, Enum):
     loss = "loss"  # lowest validation loss
 
 
+class CheckpointRule(str, Enum):
+    """The weights that score the test splits at the end of training (checkpoints/<rule>.pt)."""
+
+    best = "best"  # the best validation figure (train.best_metric)
+    last = "last"  # the final update (Shaw §4.1, base model)
+    averaged = "averaged"  # the mean of the last train.average_last step checkpoints (Shaw §4.1, big)
+
+
 @dataclass
 class TrainConfig:
-    """Optimisation, checkpoints and logging (presets in configs/train/)."""
+    """Optimisation, checkpoints and logging (presets in configs/train/). The defaults form a valid
+    config on their own, with the base model's schedule (Shaw §4.1: Noam, scale 2.0, 4000 warm-up
+    steps, 100k updates)."""
 
-    max_tokens: int = 4096  # per rank and micro-batch: padded source + target tokens
+    # per rank and micro-batch: batch size x (longest source + longest target + 1), padding included;
+    # decoding counts source tokens only (decode.*)
+    max_padded_tokens: int = 4096
     max_sentences: int = 0  # cap on sentences per micro-batch; 0 = none
     update_freq: int = 1  # micro-batches accumulated per update
-    max_steps: int = 0  # stop after this many updates; 0 = no limit
+    max_steps: int = 100_000  # stop after this many updates; 0 = no limit
     max_epochs: int = 0  # stop after this many epochs; 0 = no limit
     lr_schedule: LrSchedule = LrSchedule.noam
-    lr: float = 2.0  # noam: the scale; inverse_sqrt: the peak learning rate
+    # lr_schedule=noam only: the scale of Vaswani's formula (tensor2tensor's learning_rate_constant);
+    # the peak rate it gives is noam_scale * (d_model * warmup_steps)^-0.5, e.g. 1.4e-3 for the base model
+    noam_scale: float = 2.0
+    peak_lr: float = 1e-3  # lr_schedule=inverse_sqrt only: the learning rate reached at warmup_steps
     warmup_steps: int = 4000
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
@@ -224,29 +241,33 @@ class TrainConfig:
     progress: bool = True  # a tqdm bar on a terminal
     resume: bool = False  # continue from checkpoints/last.pt of the run directory
     max_bad_steps: int = 5  # consecutive NaN/inf losses or gradients tolerated (each update skipped)
-    test_checkpoint: str = "best"  # weights scored on the test splits at the end: best | last | averaged
+    test_checkpoint: CheckpointRule = CheckpointRule.best
     average_last: int = 0  # at the end, average the last N step_N.pt into averaged.pt (Shaw §4.1: 20)
     # DDP: how long ranks wait in a collective while rank 0 alone builds a missing data cache,
     # validates or decodes the test sets (NCCL's default, 10 minutes, kills long ones)
     dist_timeout_minutes: int = 60
 
+    @property
+    def lr_key(self) -> str:
+        """The config key that sets the size of the learning rate under this schedule."""
+        return "train.noam_scale" if self.lr_schedule == LrSchedule.noam else "train.peak_lr"
+
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "update_freq", "eval_every", "save_every", "log_every", "warmup_steps",
+        for name in ("max_padded_tokens", "update_freq", "eval_every", "save_every", "log_every", "warmup_steps",
                      "max_bad_steps", "dist_timeout_minutes"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
         for name in ("max_steps", "max_epochs", "max_sentences", "keep_last", "num_threads"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.max_steps > 0 or self.max_epochs > 0, "train.max_steps",
                "set train.max_steps or train.max_epochs (both are 0, so training would never stop)")
-        _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        _check(self.noam_scale > 0, "train.noam_scale", f"must be > 0, got {self.noam_scale}")
+        _check(self.peak_lr > 0, "train.peak_lr", f"must be > 0, got {self.peak_lr}")
         _check(0 <= self.label_smoothing < 1, "train.label_smoothing", "must be in [0, 1)")
         _check(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas), "train.adam_betas",
                f"must be two numbers in [0, 1), got {list(self.adam_betas)}")
-        _check(self.test_checkpoint in ("best", "last", "averaged"), "train.test_checkpoint",
-               f"must be best, last or averaged, got {self.test_checkpoint}")
         _check(0 <= self.average_last <= self.keep_last or self.average_last == 0, "train.average_last",
                f"averaging the last {self.average_last} checkpoints needs train.keep_last >= it ({self.keep_last})")
-        _check(self.test_checkpoint != "averaged" or self.average_last > 0, "train.test_checkpoint",
+        _check(self.test_checkpoint != CheckpointRule.averaged or self.average_last > 0, "train.test_checkpoint",
                "averaged needs train.average_last > 0")
 
 
@@ -265,7 +286,9 @@ class DecodeConfig:
     lenpen: float = 0.6  # GNMT length penalty alpha: scores are divided by ((5 + |y|) / 6)^alpha
     max_len_a: float = 1.0  # a hypothesis has at most a * source length + b tokens (t2t: +50)
     max_len_b: int = 50
-    max_tokens: int = 8000  # source tokens per decoding batch
+    # per decoding batch: batch size x longest source, EOS and padding included (source tokens
+    # only; training's train.max_padded_tokens counts source + target)
+    max_source_tokens: int = 8000
     nbest: int = 1
     early_stop: bool = False  # stop a sentence once it has `beam` finished hypotheses
     min_len: int = 0  # EOS is suppressed before this many output tokens (benchmarks force lengths)
@@ -281,11 +304,22 @@ class DecodeConfig:
         _check(self.max_len_a >= 0, "decode.max_len_a", f"must be >= 0, got {self.max_len_a}")
         _check(self.max_len_b >= 0, "decode.max_len_b", f"must be >= 0, got {self.max_len_b}")
         _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b", "max_len_a and b are both 0")
-        _check(self.max_tokens >= 1, "decode.max_tokens", f"must be >= 1, got {self.max_tokens}")
+        _check(self.max_source_tokens >= 1, "decode.max_source_tokens", f"must be >= 1, got {self.max_source_tokens}")
         _check(1 <= self.nbest <= self.beam, "decode.nbest", f"must be in [1, beam={self.beam}], got {self.nbest}")
         _check(self.min_len >= 0, "decode.min_len", f"must be >= 0, got {self.min_len}")
         _check(self.max_source_len >= 0, "decode.max_source_len",
                f"must be >= 0 (0 = no cap), got {self.max_source_len}")
+
+
+def upgrade_decode_config(values: dict) -> dict:
+    """`to_dict` output saved before decode.max_tokens became decode.max_source_tokens (issue 13),
+    with the new name, so that an older checkpoint still translates. Other values come back as they were."""
+    decode = values.get("decode")
+    if not isinstance(decode, dict) or "max_tokens" not in decode:
+        return values
+    decode = dict(decode)
+    decode["max_source_tokens"] = decode.pop("max_tokens")
+    return {**values, "decode": decode}
 
 
 @dataclass
@@ -294,7 +328,7 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     seed: int = 1
     out_dir: str = ""  # the run directory; the CLI sets it to Hydra's output dir
@@ -335,11 +369,38 @@ def to_dict(cfg: Any) -> dict:
     return plain(asdict(cfg))
 
 
+# Keys renamed since runs were first saved (old -> new), for the message that a command line or
+# file still using an old name gets; `upgrade_config` reads a saved config's old names.
+RENAMED_KEYS = {
+    "train.lr": "train.noam_scale under lr_schedule=noam, train.peak_lr under lr_schedule=inverse_sqrt",
+    "train.max_tokens": "train.max_padded_tokens",
+    "decode.max_tokens": "decode.max_source_tokens",
+}
+
+
+def upgrade_config(values: dict) -> dict:
+    """`to_dict` output saved before train keys were renamed (issue 13), with the new names: so an
+    older checkpoint still resumes and translates. train.lr meant two things; the saved
+    lr_schedule says which (noam: train.noam_scale, inverse_sqrt: train.peak_lr), and
+    train.max_tokens is train.max_padded_tokens. Other values come back as they were."""
+    train = values.get("train")
+    if not isinstance(train, dict) or not {"lr", "max_tokens"} & train.keys():
+        return values
+    train = dict(train)
+    if "lr" in train:  # the old schema's default schedule was noam
+        noam = LrSchedule(train.get("lr_schedule", LrSchedule.noam)) == LrSchedule.noam
+        train["noam_scale" if noam else "peak_lr"] = train.pop("lr")
+    if "max_tokens" in train:
+        train["max_padded_tokens"] = train.pop("max_tokens")
+    return {**values, "train": train}
+
+
 def from_dict(values: dict) -> Config:
     """Rebuild a validated `Config` from `to_dict` output (e.g. the one stored in a checkpoint)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), values))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+                                                  upgrade_config(upgrade_decode_config(values))))
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "config") -> Config:

@@ -4,10 +4,11 @@
 The workload defaults to the synthetic corpus the peer frameworks were measured on
 (../shared/bench/make_peer_corpus.py, seed 1234, 20k pairs): a word-level vocabulary of the same
 size as theirs, the small model (3+3 layers, d_model 256, 4 heads, FFN 1024, shared embeddings),
-batches of about 4k tokens per side (--max-tokens counts padded source + target), label smoothing
-0.1, relative k = 16, fp32 on CPU. Every step is the trainer's own update (relmt.train.loop.train_step):
-forward, label-smoothed loss, backward, Adam. The positions modes are timed paired: each step's
-batch is run by every mode in turn, so drift in the machine's speed falls on all of them alike.
+batches of about 4k tokens per side (--max-padded-tokens counts padded source + target, as
+train.max_padded_tokens does), label smoothing 0.1, relative k = 16, fp32 on CPU. Every step is the
+trainer's own update (relmt.train.step.train_step): forward, label-smoothed loss, backward, Adam.
+The positions modes are timed paired: each step's batch is run by every mode in turn, so drift in
+the machine's speed falls on all of them alike.
 Warm-up steps are excluded. Model FLOPs per step are counted once per mode with
 torch.utils.flop_counter; MFU divides the achieved FLOP/s by the peak of a large matmul measured
 in the same process (bf16 on CUDA, fp32 on CPU).
@@ -37,7 +38,7 @@ from relmt.data.tokenizer import PAD_ID
 from relmt.model.transformer import build_model
 from relmt.runtime import resolve_device, tune_cpu
 from relmt.train.distributed import Dist
-from relmt.train.loop import autocast_dtype, train_step
+from relmt.train.step import autocast_dtype, train_step
 
 PEER_SEED = 1234
 
@@ -75,7 +76,8 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["small"], help="model presets from configs/model")
     ap.add_argument("--positions", nargs="+", default=["abs", "rel", "both"])
     ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--max-padded-tokens", type=int, default=8192,
+                    help="per batch: size x (longest source + longest target + 1), as train.max_padded_tokens")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--precision", default="fp32", choices=[p.value for p in Precision])
@@ -102,7 +104,7 @@ def main() -> None:
                       spm_model_type=SpmModel(args.spm_model_type), max_length_ratio=0, cache_dir=args.cache_dir)
     corpus = prepare(data)
     ids = corpus.ids("train")
-    sampler = BatchSampler(ids, args.max_tokens, seed=1)
+    sampler = BatchSampler(ids, args.max_padded_tokens, seed=1)
     order = sampler.epoch(0)
     batches = [collate(ids, order[i % len(order)]).to(device) for i in range(args.warmup + args.steps)]
     amp = autocast_dtype(Precision(args.precision), device)
@@ -170,7 +172,7 @@ def main() -> None:
         args.md.write_text(
             f"# Training throughput ({device.type})\n\n"
             f"Workload: {text_dir} ({len(ids)} pairs, word vocabulary of {corpus.tokenizer.vocab_size}), batches of "
-            f"at most {args.max_tokens} padded source + target tokens ({100 * sampler.padding_fraction():.1f}% "
+            f"at most {args.max_padded_tokens} padded source + target tokens ({100 * sampler.padding_fraction():.1f}% "
             f"padding), {args.precision}, {hw['torch_threads']} threads, k = {args.k}. Each mode ran the same "
             f"{args.steps} batches, timed paired step by step after {args.warmup} warm-up steps. MFU = counted "
             f"model FLOPs per token x tokens/s / the measured matmul peak ({peak / 1e9:.0f} GFLOP/s).\n\n"

@@ -26,7 +26,7 @@ for pos in abs rel; do
         rm -rf "$RUNS/$pos"
         "$BIN/relmt-train" hydra.run.dir="$RUNS/$pos" model=small model.positions=$pos \
             data=text data.name=peer data.dir=$CORPUS data.src=src data.tgt=tgt data.spm_model_type=word \
-            train.max_tokens=8192 train.max_steps="$STEPS" train.eval_every="$STEPS" train.save_every="$STEPS" \
+            train.max_padded_tokens=8192 train.max_steps="$STEPS" train.eval_every="$STEPS" train.save_every="$STEPS" \
             train.progress=false
     fi
 done

@@ -97,13 +97,15 @@ def main() -> None:
             f"{r['positions']} {r['sentences_per_s']:.0f} sentences/s, {r['avg_output_tokens']:.1f} tokens on average"
             for r in free) + ".\n")
 
+    # bench_train.py's --max-padded-tokens was --max-tokens in the JSON files written before issue 13
+    padded_tokens = train["settings"].get("max_padded_tokens", train["settings"].get("max_tokens"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         "# CPU performance against the peers\n\n"
         "Workload: the peer frameworks' synthetic word-level corpus (`../shared/bench/make_peer_corpus.py`, "
         f"seed 1234; vocabulary {train['vocab_size']:,}), the small model (3+3 layers, d_model 256, 4 heads, FFN "
         f"1024, shared embeddings), relative k = 16, fp32, {hw['torch_threads']} threads. Training batches hold "
-        f"at most {train['settings']['max_tokens']:,} padded source + target tokens (about 4k per side, as the "
+        f"at most {padded_tokens:,} padded source + target tokens (about 4k per side, as the "
         "peers' 4k-token batches), label smoothing 0.1; decoding is beam 4 over the 500 test sentences with "
         "the output forced to 20 tokens. Peer figures are quoted from the performance issue.\n\n"
         f"- command: `{args.command or 'see train_cpu.md and decode_cpu_peer.md'}`\n"

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from relmt.config import compose, config_dir, register_configs
+from relmt.config import CheckpointRule, LrSchedule, compose, config_dir, register_configs
 from relmt.train.loop import train
 
 EXPERIMENTS = sorted(p.stem for p in (config_dir() / "experiment").glob("*.yaml"))
@@ -40,13 +40,15 @@ def test_table1_settings_follow_the_paper():
     assert (big.model.d_model, big.model.max_relative_position, big.train.max_steps) == (1024, 8, 300000)
     assert big.model.relative_share_heads and not base.model.relative_share_heads
     assert big.model.dropout == 0.3 and compose(["experiment=table1_big_enfr"]).model.dropout == 0.1
-    assert big.train.average_last == 20 and big.train.test_checkpoint == "averaged"
+    assert big.train.average_last == 20 and big.train.test_checkpoint == CheckpointRule.averaged
     # The paper reports the base model's last checkpoint (no averaging, no selection by valid BLEU).
-    assert base.train.test_checkpoint == "last"
-    assert compose(["experiment=table1_base_enfr"]).train.test_checkpoint == "last"
+    assert base.train.test_checkpoint == CheckpointRule.last
+    assert compose(["experiment=table1_base_enfr"]).train.test_checkpoint == CheckpointRule.last
     assert base.data.vocab_size == 32768 and base.data.splits["test"] == "test"
     assert (base.decode.beam, base.decode.lenpen) == (4, 0.6)
-    assert base.train.max_tokens * base.train.update_freq >= 48000  # ~25k + 25k tokens per update
+    assert base.train.max_padded_tokens * base.train.update_freq >= 48000  # ~25k + 25k tokens per update
+    # Shaw §4.1 / tensor2tensor transformer_base: Noam with learning_rate_constant 2.0, 4000 warm-up steps
+    assert (base.train.lr_schedule, base.train.noam_scale, base.train.warmup_steps) == (LrSchedule.noam, 2.0, 4000)
     assert compose(["experiment=table1_base_enfr"]).data.hf_name == "fr-en"
 
 
@@ -63,7 +65,7 @@ def test_big_model_averages_checkpoints_spread_like_the_papers():
 
 @pytest.mark.parametrize("experiment", ["multi30k_abs", "multi30k_rel", "multi30k_both"])
 def test_small_scale_checks_use_the_papers_base_rule(experiment):
-    assert compose([f"experiment={experiment}"]).train.test_checkpoint == "last"
+    assert compose([f"experiment={experiment}"]).train.test_checkpoint == CheckpointRule.last
 
 
 @pytest.mark.parametrize("experiment,key,values", [
@@ -100,7 +102,7 @@ def stand_in_wmt(root, pair: str):
 
 
 SHRINK = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "train.max_steps=2", "train.update_freq=1",
-          "train.max_tokens=256", "train.eval_every=2", "train.save_every=1", "train.warmup_steps=2",
+          "train.max_padded_tokens=256", "train.eval_every=2", "train.save_every=1", "train.warmup_steps=2",
           "train.progress=false", "data.vocab_size=40", "data.spm_model_type=word", "data.num_proc=1",
           "decode.max_len_b=5"]
 

@@ -84,7 +84,7 @@ def test_bench_train_and_perf_report_run(tmp_path):
     corpus = word_corpus(tmp_path / "corpus")
     train_json = tmp_path / "t.json"
     run_script("bench_train.py", "--text-dir", str(corpus), "--sizes", "tiny", "--steps", "2", "--warmup", "1",
-               "--max-tokens", "256", "--peak-n", "64", "--cache-dir", str(tmp_path / "cache"),
+               "--max-padded-tokens", "256", "--peak-n", "64", "--cache-dir", str(tmp_path / "cache"),
                "--out", str(train_json), "--md", str(tmp_path / "t.md"))
     train = json.loads(train_json.read_text())
     assert [r["positions"] for r in train["rows"]] == ["abs", "rel", "both"]

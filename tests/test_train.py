@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from relmt import checkpoint, runtime
-from relmt.config import ModelConfig, compose
+from relmt.config import ModelConfig, TrainConfig, compose
 from relmt.data.batching import Batch
 from relmt.errors import UserError
 from relmt.model.transformer import build_model
 from relmt.train import distributed
 from relmt.train import loop as loop_module
+from relmt.train import step as step_module
 from relmt.train.loss import label_smoothed_nll
 from relmt.train.optim import inverse_sqrt_lr, noam_lr
 
@@ -194,6 +195,18 @@ def test_train_writes_every_artifact(tmp_path):
     assert tags == {"train", "valid"}
 
 
+def test_without_valid_bleu_best_pt_holds_the_lowest_validation_loss(tmp_path):
+    """best_metric=bleu falls back to the validation loss when BLEU is not measured, and then the
+    lowest loss is the best."""
+    run = tmp_path / "run"
+    metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.eval_every=1"))
+    losses = {step: r["loss"] for step, r in train_records(run, "valid").items()}
+    assert sorted(losses) == list(range(1, 7))
+    best_step = min(losses, key=losses.get)
+    assert metrics["best"] == {"metric": "loss", "value": losses[best_step], "step": best_step}
+    assert checkpoint.load(run / "checkpoints/best.pt")["step"] == best_step
+
+
 def test_resumed_run_equals_uninterrupted(tmp_path):
     """Same loss at every step and the same final weights, with dropout on (RNG restored)."""
     full = tiny_config(tmp_path, "full", "train.max_steps=8", "train.save_every=4", "train.eval_every=4")
@@ -242,11 +255,32 @@ def no_data(monkeypatch) -> None:
 def test_resume_refuses_settings_that_change_the_batch_order(tmp_path, monkeypatch):
     loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false"))
     no_data(monkeypatch)
-    for override, saved in [("seed=2", "1"), ("train.max_tokens=256", "512"), ("train.update_freq=2", "1"),
+    for override, saved in [("seed=2", "1"), ("train.max_padded_tokens=256", "512"), ("train.update_freq=2", "1"),
                             ("train.max_sentences=8", "0"), ("data.toy.n_train=300", "400")]:
         key, value = override.split("=")
         with pytest.raises(UserError, match=rf"last.pt: cannot resume with {key}={value} \(saved: {saved}\)"):
             loop_module.train(tiny_config(tmp_path, "run", "train.resume=true", "train.max_steps=8", override))
+
+
+def test_a_checkpoint_saved_before_the_train_renames_resumes_under_the_new_names(tmp_path):
+    """Checkpoints saved with train.lr and train.max_tokens (before issue 13) resume: lr becomes the
+    field its schedule reads (debug: inverse_sqrt, so peak_lr), max_tokens max_padded_tokens, and the
+    batch-order check compares the old value under its new name."""
+    run = tmp_path / "run"
+    loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_steps=3"))
+    ck = checkpoint.load(run / "checkpoints/last.pt")
+    old = ck["config"]["train"]
+    old["lr"], old["max_tokens"] = old.pop("peak_lr"), old.pop("max_padded_tokens")
+    del old["noam_scale"]
+    checkpoint.save(ck, run / "checkpoints", ["last.pt"])
+    with pytest.raises(UserError, match=r"cannot resume with train.max_padded_tokens=256 \(saved: 512\)"):
+        loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_steps=6",
+                                      "train.resume=true", "train.max_padded_tokens=256"))
+    metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_steps=6",
+                                            "train.resume=true"))
+    assert metrics["status"] == "completed" and metrics["steps"] == 6
+    saved = checkpoint.load(run / "checkpoints/last.pt")["config"]["train"]
+    assert "lr" not in saved and saved["peak_lr"] == 0.002 and saved["max_padded_tokens"] == 512
 
 
 def test_resume_falls_back_to_the_newest_readable_step_checkpoint(tmp_path, caplog):
@@ -258,7 +292,7 @@ def test_resume_falls_back_to_the_newest_readable_step_checkpoint(tmp_path, capl
     middle = len(data) // 2
     data[middle: middle + 64] = bytes(b ^ 0xFF for b in data[middle: middle + 64])
     last.write_bytes(bytes(data))
-    with caplog.at_level("WARNING", logger="relmt.train.loop"):
+    with caplog.at_level("WARNING", logger="relmt.train.resume"):
         metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_steps=8",
                                                 "train.resume=true"))
     assert f"resuming from {run / 'checkpoints/step_3.pt'} instead" in caplog.text
@@ -333,7 +367,7 @@ def test_the_ddp_timeout_comes_from_the_config(tmp_path, monkeypatch):
 
 def nan_at(steps: set[int], monkeypatch):
     """Make the loss NaN on the given (1-based) updates."""
-    real = loop_module.label_smoothed_nll
+    real = step_module.label_smoothed_nll
     calls = {"n": 0}
 
     def fake(logits, target, eps):
@@ -343,7 +377,7 @@ def nan_at(steps: set[int], monkeypatch):
             return loss * math.nan, nll
         return loss, nll
 
-    monkeypatch.setattr(loop_module, "label_smoothed_nll", fake)
+    monkeypatch.setattr(step_module, "label_smoothed_nll", fake)
 
 
 def test_a_nan_loss_skips_the_update_and_is_counted(tmp_path, monkeypatch):
@@ -356,8 +390,19 @@ def test_a_nan_loss_skips_the_update_and_is_counted(tmp_path, monkeypatch):
 
 def test_too_many_nan_losses_in_a_row_stop_with_a_clear_error(tmp_path, monkeypatch):
     nan_at({2, 3, 4}, monkeypatch)
-    with pytest.raises(UserError, match="NaN/inf for 3 updates in a row.*train.lr"):
+    with pytest.raises(UserError, match="NaN/inf for 3 updates in a row.*lower train.peak_lr"):
         loop_module.train(tiny_config(tmp_path, "run", "train.max_bad_steps=3", "train.valid_bleu=false"))
+
+
+def test_count_skipped_counts_the_bad_updates_in_a_row():
+    tcfg, last = TrainConfig(max_bad_steps=2), Path("run/checkpoints/last.pt")
+    assert step_module.count_skipped(1.0, 0.5, None, 1, 7, 1e-3, tcfg, last) == (0, False)  # a good one resets
+    assert step_module.count_skipped(math.nan, math.nan, None, 0, 7, 1e-3, tcfg, last) == (1, True)
+    # fp16: an overflow with a healthy loss scale is skipped, but not counted toward max_bad_steps
+    assert step_module.count_skipped(1.0, math.inf, 2.0 ** 10, 1, 7, 1e-3, tcfg, last) == (1, True)
+    for fp16_scale in (None, step_module.MIN_LOSS_SCALE / 2):  # fp32, or a collapsed fp16 scale
+        with pytest.raises(UserError, match=r"NaN/inf for 2 updates in a row \(step 7.*lower train.noam_scale"):
+            step_module.count_skipped(1.0, math.inf, fp16_scale, 1, 7, 1e-3, tcfg, last)
 
 
 def tiny_step_setup(scaler_enabled: bool = False, init_scale: float = 2.0 ** 10):
@@ -384,7 +429,7 @@ def tiny_step_setup(scaler_enabled: bool = False, init_scale: float = 2.0 ** 10)
     dist = distributed.Dist(0, 1, torch.device("cpu"))
 
     def step():
-        return loop_module.train_step(model, model, optimizer, scaler, [batch], 1e-3, 0.1, None, dist)
+        return step_module.train_step(model, model, optimizer, scaler, [batch], 1e-3, 0.1, None, dist)
 
     return model, optimizer, scaler, armed, step
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from relmt import checkpoint
 from relmt.cli import EXIT_INTERRUPTED, _train_job, guarded
@@ -60,7 +61,10 @@ def test_cli_run_writes_the_run_directory_and_prints_bleu(tmp_path):
     for name in ("config.yaml", "train.log", ".hydra/overrides.yaml", "metrics.json", "tb",
                  "checkpoints/last.pt", "checkpoints/best.pt"):
         assert (run / name).exists(), name
-    assert "positions: rel" in (run / "config.yaml").read_text()
+    resolved = yaml.safe_load((run / "config.yaml").read_text())  # the resolved config, under today's names
+    assert resolved["model"]["positions"] == "rel"
+    assert resolved["train"]["max_padded_tokens"] == 512 and resolved["train"]["peak_lr"] == 0.002
+    assert resolved["train"]["test_checkpoint"] == "best" and not {"lr", "max_tokens"} & resolved["train"].keys()
     assert "step 6 | valid loss" in (run / "train.log").read_text()
     assert f"run directory: {run}" in done.stdout
     assert "test: BLEU" in done.stdout and "test_long: BLEU" in done.stdout
@@ -72,6 +76,8 @@ def test_cli_run_writes_the_run_directory_and_prints_bleu(tmp_path):
     ("train.max_steps=-1", "train.max_steps: must be >= 0"),
     ("model.max_relative_position=-2", "model.max_relative_position: k must be >= 0"),
     ("data=nope", "Could not find 'data/nope'"),
+    ("train.lr=0.1", "train.lr was renamed: use train.noam_scale under lr_schedule=noam, train.peak_lr under"),
+    ("train.max_tokens=512", "train.max_tokens was renamed: use train.max_padded_tokens"),
 ])
 def test_bad_overrides_fail_with_a_clear_message(tmp_path, override, message):
     done = cli(tmp_path, "bad", override)

@@ -25,10 +25,11 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
 
 
 def learning_rate(cfg: TrainConfig, d_model: int, step: int) -> float:
-    """The learning rate for update number `step` (1-based)."""
+    """The learning rate for update number `step` (1-based). Each schedule reads only its own
+    field: noam `cfg.noam_scale`, inverse_sqrt `cfg.peak_lr`."""
     if cfg.lr_schedule == LrSchedule.noam:
-        return noam_lr(step, d_model, cfg.warmup_steps, cfg.lr)
-    return inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps)
+        return noam_lr(step, d_model, cfg.warmup_steps, cfg.noam_scale)
+    return inverse_sqrt_lr(step, cfg.peak_lr, cfg.warmup_steps)
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:

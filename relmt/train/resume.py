@@ -1,0 +1,157 @@
+"""What makes a run resumable: the counters saved beside the weights, the checkpoint a resume
+continues from (with a fallback when last.pt is damaged), the check that the resumed settings
+still describe the same run, and the trimming of what was logged after the saved step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from relmt import checkpoint
+from relmt.config import Config, to_dict, upgrade_config
+from relmt.errors import UserError
+from relmt.train import distributed
+
+log = logging.getLogger(__name__)
+
+# Settings that change the data or the batch order: a resume with other values would not continue
+# the saved run but silently train on other batches. Other settings (max_steps, eval_every,
+# logging, device, decoding) may change on resume.
+BATCH_ORDER_KEYS = ("seed", "train.max_padded_tokens", "train.max_sentences", "train.update_freq")
+DATA_KEYS_FREE_ON_RESUME = ("data.cache_dir", "data.num_proc", "data.length_buckets")
+
+
+@dataclass
+class TrainState:
+    """Counters that, with the weights, optimizer and RNG, make a resumed run continue exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # the next micro-batch of `epoch`
+    best_value: float | None = None
+    best_step: int = 0
+    bad_in_row: int = 0
+    bad_total: int = 0
+    train_seconds: float = 0.0
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+
+
+def resume_checkpoint(ckpt_dir: Path) -> tuple[Path, dict]:
+    """checkpoints/last.pt, or if it cannot be read, the newest step_N.pt that can (a crash or a
+    full disk may damage last.pt while an older step file is intact)."""
+    last = ckpt_dir / "last.pt"
+    try:
+        return last, checkpoint.load(last)
+    except UserError as e:
+        problem = e
+    for path in reversed(checkpoint.step_files(ckpt_dir)):
+        try:
+            ck = checkpoint.load(path)
+        except UserError as e:
+            log.warning("%s", e)
+            continue
+        log.warning("%s; resuming from %s instead, the newest readable step checkpoint", problem, path)
+        return path, ck
+    raise UserError(f"{problem}; and no readable step_N.pt in {ckpt_dir} to resume from instead")
+
+
+def flat(values: dict, prefix: str = "") -> dict[str, object]:
+    """{"train": {"peak_lr": 1}} -> {"train.peak_lr": 1}"""
+    out: dict[str, object] = {}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resume_config(saved: dict, current: dict, path: Path) -> None:
+    """Refuse a resume whose model, data or batch order differs from the saved run's; log the
+    other settings that changed. Keys one side lacks (added to relmt since) are not compared."""
+    old, new = flat(saved), flat(current)
+    changed = [k for k in new if k in old and old[k] != new[k] and k not in ("train.resume", "out_dir")]
+    refused = [k for k in changed if k.startswith("model.") or k in BATCH_ORDER_KEYS
+               or (k.startswith("data.") and k not in DATA_KEYS_FREE_ON_RESUME)]
+    if refused:
+        diffs = ", ".join(f"{k}={new[k]} (saved: {old[k]})" for k in refused)
+        raise UserError(f"{path}: cannot resume with {diffs}: the model, data or batch order would differ "
+                        "from the saved run's; restore those settings, or start a new run directory")
+    if changed:
+        log.info("resuming with changed settings: %s", ", ".join(f"{k}={new[k]} (was {old[k]})" for k in changed))
+
+
+def open_checkpoint(cfg: Config, ckpt_dir: Path) -> tuple[Path | None, dict | None]:
+    """With train.resume, the checkpoint to continue from and its contents, its config checked
+    against `cfg`; else (None, None), refusing a run directory that already holds a run."""
+    last = ckpt_dir / "last.pt"
+    if not cfg.train.resume:
+        if last.is_file():
+            raise UserError(f"{cfg.out_dir} already holds a run ({last}): pass train.resume=true to continue "
+                            "it, or choose another hydra.run.dir")
+        return None, None
+    path, ck = resume_checkpoint(ckpt_dir)
+    saved = upgrade_config(ck["config"])
+    if saved is not ck["config"]:
+        renamed = sorted(set(saved["train"]) - set(ck["config"]["train"]))
+        log.info("%s: saved before train.lr and train.max_tokens were renamed; read as %s", path,
+                 ", ".join(f"train.{k}" for k in renamed))
+    check_resume_config(saved, to_dict(cfg), path)
+    return path, ck
+
+
+def restore(ck: dict, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            scaler: torch.amp.GradScaler, spm_sha256: str, rank: int) -> TrainState:
+    """Load a checkpoint's weights, optimizer, loss scale and this rank's RNG state; returns its
+    counters."""
+    if ck["spm"]["sha256"] != spm_sha256:
+        raise UserError(f"{path}: trained with another vocabulary ({ck['spm']['path']})")
+    checkpoint.load_model_state(model, ck["model"], path)
+    optimizer.load_state_dict(ck["optim"])
+    scaler.load_state_dict(ck["scaler"])
+    state = TrainState(**ck["state"])
+    checkpoint.set_rng_state(ck["rng"][rank % len(ck["rng"])])
+    log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step, state.epoch, state.batch)
+    return state
+
+
+def save_checkpoints(ckpt_dir: Path, names: list[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     scaler: torch.amp.GradScaler, state: TrainState, cfg: Config, spm: dict,
+                     dist: distributed.Dist) -> None:
+    """Write checkpoints/<name> for each of `names` (rank 0; every rank must call it, as each
+    rank's RNG state is gathered) and prune the step files beyond train.keep_last."""
+    rngs = distributed.gather(checkpoint.rng_state(), dist)
+    if dist.is_main:
+        payload = {"format": checkpoint.CHECKPOINT_FORMAT, "model": model.state_dict(),
+                   "optim": optimizer.state_dict(), "scaler": scaler.state_dict(), "step": state.step,
+                   "position": {"epoch": state.epoch, "batch": state.batch}, "rng": rngs,
+                   "state": asdict(state), "config": to_dict(cfg), "spm": spm}
+        checkpoint.save(payload, ckpt_dir, names)
+        checkpoint.prune(ckpt_dir, cfg.train.keep_last)
+
+
+def trim_history(path: Path, step: int) -> None:
+    """Keep only the metrics.jsonl records up to `step` (and drop a line cut short by a kill)."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    if len(kept) < len(lines):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, path)
+        log.info("%s: dropped %d records logged after step %d, the resumed one", path, len(lines) - len(kept),
+                 step)
