@@ -146,12 +146,18 @@ def claim_k_saturates(group: Group, split: str) -> Claim | None:
                  HELD if spread <= 1.5 + EPS else NOT_HELD, split, paper=finding(group, paper.TABLE2_FINDING))
 
 
-def claim_keys_alone(group: Group, split: str) -> Claim | None:
+def kv_pair(group: Group, split: str, keys: bool, values: bool) -> tuple[float, float] | None:
+    """Mean BLEU of the (a^K, a^V) = (keys, values) row and of the full (yes, yes) row of Table 3."""
     table = group.tables["kv"]
-    keys_only = mean_of(table, split, relative_keys=True, relative_values=False)
+    part = mean_of(table, split, relative_keys=keys, relative_values=values)
     full = mean_of(table, split, relative_keys=True, relative_values=True)
-    if keys_only is None or full is None:
+    return None if part is None or full is None else (part, full)
+
+
+def claim_keys_alone(group: Group, split: str) -> Claim | None:
+    if (pair := kv_pair(group, split, keys=True, values=False)) is None:
         return None
+    keys_only, full = pair
     diff = abs(keys_only - full)
     return Claim("a^K alone is about as good as both", "Table 3",
                  f"|BLEU(a^K yes, a^V no) − BLEU(a^K yes, a^V yes)| ≤ 1.0 on {split}",
@@ -160,11 +166,9 @@ def claim_keys_alone(group: Group, split: str) -> Claim | None:
 
 
 def claim_values_lower(group: Group, split: str) -> Claim | None:
-    table = group.tables["kv"]
-    values_only = mean_of(table, split, relative_keys=False, relative_values=True)
-    full = mean_of(table, split, relative_keys=True, relative_values=True)
-    if values_only is None or full is None:
+    if (pair := kv_pair(group, split, keys=False, values=True)) is None:
         return None
+    values_only, full = pair
     gap = full - values_only
     return Claim("a^V alone is slightly lower than both", "Table 3",
                  f"0 < BLEU(a^K yes, a^V yes) − BLEU(a^K no, a^V yes) ≤ 2.0 on {split}",
