@@ -34,6 +34,7 @@ from relmt.report.length import build_length_report, length_markdown, parse_cuto
 from relmt.report.markdown import markdown
 from relmt.report.plots import length_panels, plot_curves, plot_k, plot_length
 from relmt.report.runs import ReportError
+from relmt.report.tuning import tuning_markdown
 
 
 def jsonable(obj: Any) -> Any:
@@ -91,8 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run directories, or directories containing them (searched recursively)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--name", required=True, help="base name of the output files")
-    parser.add_argument("--kind", choices=("tables", "length"), default=None,
-                        help="tables (the default) or length (the default for --name length)")
+    parser.add_argument("--kind", choices=("tables", "length", "tuning"), default=None,
+                        help="tables (the default), length (the default for --name length), or tuning (valid "
+                             "split only, the settings in which the runs differ)")
     parser.add_argument("--title", default=None, help="markdown title (default: Results, or Length generalisation)")
     parser.add_argument("--command", default=None, help="the command that produced the runs, quoted in the report")
     parser.add_argument("--refs", action="append", default=[], metavar="DIR|DATA=DIR",
@@ -105,7 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "record it (DATA=N: only for data set DATA); repeatable")
     args = parser.parse_args(argv)
     args.kind = args.kind or ("length" if args.name == "length" else "tables")
-    args.title = args.title or ("Length generalisation" if args.kind == "length" else "Results")
+    args.title = args.title or {"length": "Length generalisation", "tuning": "Tuning"}.get(args.kind, "Results")
     if args.bootstrap_samples < 1:
         parser.error("--bootstrap-samples must be >= 1")
     return args
@@ -116,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         refs = parse_refs(args.refs)
+        if args.kind == "tuning":
+            text = tuning_markdown(args.run_dirs, args.title, args.command)
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"{args.name}.md").write_text(text)
+            print(text, end="")
+            return 0
         if args.kind == "length":
             report = build_length_report(args.run_dirs, args.title, args.command, parse_cutoffs(args.train_max_words),
                                          refs, args.bootstrap_samples)
