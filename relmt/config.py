@@ -226,6 +226,9 @@ class TrainConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
+    # parameters kept at their initial values: fnmatch patterns on parameter names, e.g. '*.rel.w_v'
+    # (the a^V tables; an ablation of issue 12). Each pattern must match some parameter.
+    freeze: list[str] = field(default_factory=list)
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # gradient-norm clipping; 0 = off (tensor2tensor's default)
     precision: Precision = Precision.auto

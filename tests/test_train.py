@@ -525,3 +525,28 @@ def test_update_freq_accumulates_micro_batches(tmp_path):
                                             "train.valid_bleu=false"))
     ck = checkpoint.load(tmp_path / "run/checkpoints/last.pt")
     assert metrics["steps"] == 2 and ck["position"]["batch"] == 6
+
+
+def test_frozen_parameters_keep_their_initial_values():
+    """train.freeze: the a^V tables stay at their random initial values (issue 12's ablation);
+    everything else trains. A pattern that matches nothing is an error naming the key."""
+    from relmt.config import TrainConfig
+    from relmt.train.optim import build_optimizer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                      attention_dropout=0.0, activation_dropout=0.0)
+    model = build_model(cfg, 20, 0)
+    optimizer = build_optimizer(model, TrainConfig(freeze=["*.rel.w_v"]))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    src, tgt = torch.randint(4, 20, (2, 5)), torch.randint(4, 20, (2, 6))
+    batch = Batch(src, tgt[:, :-1], tgt[:, 1:], torch.arange(2))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    step_module.train_step(model, model, optimizer, scaler, [batch], 1e-2, 0.1, None,
+                           distributed.Dist(0, 1, torch.device("cpu")))
+    frozen = [k for k in before if k.endswith("rel.w_v")]
+    assert len(frozen) == 2  # encoder and decoder self-attention
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]) == (key in frozen), key
+    with pytest.raises(UserError, match="train.freeze: '.*w_q' matches no parameter"):
+        build_optimizer(model, TrainConfig(freeze=["*.rel.w_q"]))

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import fnmatch
+import logging
+
 import torch
 from torch import nn
 
 from relmt.config import LrSchedule, TrainConfig
+from relmt.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -33,6 +39,24 @@ def learning_rate(cfg: TrainConfig, d_model: int, step: int) -> float:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
-    """Adam(0.9, 0.98, 1e-9) as in Vaswani §5.3 and Shaw §4.1; its lr is set every step."""
-    return torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
+    """Adam(0.9, 0.98, 1e-9) as in Vaswani §5.3 and Shaw §4.1; its lr is set every step. Parameters
+    matching `cfg.freeze` get no gradient and stay at their initial values."""
+    return torch.optim.Adam(trainable(model, cfg.freeze), lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                             weight_decay=cfg.weight_decay)
+
+
+def trainable(model: nn.Module, freeze: list[str]) -> list[nn.Parameter]:
+    """The parameters not matched by any fnmatch pattern of `freeze`; the matched ones stop needing
+    gradients. A pattern that matches nothing is an error naming it (a typo would freeze nothing)."""
+    names = [n for n, _ in model.named_parameters()]
+    for pattern in freeze:
+        if not fnmatch.filter(names, pattern):
+            raise UserError(f"train.freeze: '{pattern}' matches no parameter (names look like {names[-1]})")
+    kept = []
+    for name, param in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in freeze):
+            param.requires_grad_(False)
+            log.info("frozen at its initial value: %s %s", name, tuple(param.shape))
+        else:
+            kept.append(param)
+    return kept
