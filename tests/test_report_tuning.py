@@ -27,10 +27,12 @@ def fake_run(root, name: str, dropout: float, curve: list[tuple[int, float]], fi
 def test_tuning_table_shows_the_differing_settings_and_the_valid_curves(tmp_path, capsys):
     fake_run(tmp_path / "runs", "r1_drop0.3", 0.3, [(500, 14.4), (1000, 30.2)], 35.0)
     fake_run(tmp_path / "runs", "r1_drop0.1", 0.1, [(500, 20.2), (1000, 32.5)], 36.5)
+    (tmp_path / "runs" / "r1_drop0.1" / "averaged_valid.json").write_text(json.dumps({"sacrebleu": {"score": 37.25}}))
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "tune", "--kind", "tuning"]) == 0
     text = (tmp_path / "out" / "tune.md").read_text()
     assert "| run | model.dropout | valid BLEU @500 | valid BLEU @1000 |" in text
-    assert "| r1_drop0.1 | 0.1 | 20.20 | 32.50 | 36.50 | 60.00 | 39.50 | 30 |" in text
+    assert "| r1_drop0.1 | 0.1 | 20.20 | 32.50 | 36.50 | 60.00 | 39.50 | 37.25 | 30 |" in text
+    assert "| r1_drop0.3 | 0.3 | 14.40 | 30.20 | 35.00 | 60.00 | 38.00 | – | 30 |" in text
     assert "data.dir" not in text and "train.num_threads" not in text  # not choices being tuned
     assert "Highest final valid sacreBLEU: r1_drop0.1 (36.50)" in text
     assert "no test set" in text and text == capsys.readouterr().out

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -118,3 +121,41 @@ def test_perf_history_probes_a_commit(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["abs_ms"] > 0 and row["rel_ms"] > 0 and row["dec_rel"] > 0 and row["vocab"] == 14
     assert "What each change is" in (tmp_path / "h.md").read_text()
+
+
+def test_split_corpus_holds_out_by_the_fixed_rule(tmp_path):
+    src = tmp_path / "corpus"
+    src.mkdir()
+    (src / "train.en").write_text("".join(f"e{i}\n" for i in range(45)))
+    (src / "train.de").write_text("".join(f"d{i}\n" for i in range(45)))
+    run_script("split_corpus.py", str(src), str(tmp_path / "out"), "--src", "en", "--tgt", "de", "--every", "20")
+    lines = {f.name: f.read_text().splitlines() for f in (tmp_path / "out").iterdir()}
+    assert lines["test.en"] == ["e0", "e20", "e40"] and lines["valid.en"] == ["e10", "e30"]
+    assert lines["test.de"] == ["d0", "d20", "d40"] and len(lines["train.de"]) == 40
+    assert lines["train.en"][:3] == ["e1", "e2", "e3"]
+
+
+@pytest.mark.slow
+def test_run_queue_runs_resumes_and_keeps_the_artifacts(tmp_path):
+    """Two tiny toy runs, two at a time; a finished run is kept for git and skipped when run again."""
+    queue = tmp_path / "q.txt"
+    queue.write_text(
+        f"# a test queue\nout: {tmp_path / 'runs'}\nkeep: {tmp_path / 'kept'}\n"
+        f"common: model=tiny data.toy.n_train=300 data.toy.n_valid=20 data.toy.n_test=20 data.toy.n_test_long=20 "
+        f"data.cache_dir={tmp_path / 'cache'} train.max_steps=3 train.eval_every=3 train.save_every=3 "
+        "train.log_every=1 decode.max_len_b=5\n\n"
+        "a_s1 seed=1\nb_s2 seed=2 model.positions=abs\n")
+    script = str(ROOT / "scripts" / "run_queue.sh")
+    env = {"BIN": str(Path(sys.executable).parent), "PATH": "/usr/bin:/bin"}
+    first = subprocess.run(["bash", script, str(queue)], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert first.returncode == 0, first.stderr
+    for name in ("a_s1", "b_s2"):
+        kept = tmp_path / "kept" / name
+        assert {p.name for p in kept.iterdir()} >= {"metrics.json", "config.yaml", "train.log", "metrics.jsonl",
+                                                    "translations"}
+        assert json.loads((kept / "metrics.json").read_text())["status"] == "completed"
+    positions = {name: yaml.safe_load((tmp_path / "kept" / name / "config.yaml").read_text())["model"]["positions"]
+                 for name in ("a_s1", "b_s2")}
+    assert positions == {"a_s1": "rel", "b_s2": "abs"}  # each run's own overrides after the common ones
+    again = subprocess.run(["bash", script, str(queue), "b_s2"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert again.returncode == 0 and "done already: b_s2" in again.stdout and "a_s1" not in again.stdout

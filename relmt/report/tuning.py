@@ -2,11 +2,13 @@
 
 Each row is one run: the settings in which the runs differ (read from their config.yaml, so no
 setting is typed by hand), the valid sacreBLEU at every validation, and the final validation's
-sacreBLEU, chrF and lowercased tokenized BLEU. Test sets play no part in tuning.
+sacreBLEU, chrF and lowercased tokenized BLEU, and, where scripts/score_averaged.sh has scored it,
+the valid sacreBLEU of the averaged last checkpoints. Test sets play no part in tuning.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -43,7 +45,7 @@ def tuning_markdown(sources: list[str], title: str, command: str | None) -> str:
     keys = differing(configs)
     steps = sorted({s for r in runs for s, _ in r.curve})
     header = ["run", *keys, *(f"valid BLEU @{s}" for s in steps), "final sacreBLEU", "chrF",
-              "lowercased tok. BLEU", "minutes"]
+              "lowercased tok. BLEU", "averaged checkpoints: sacreBLEU", "minutes"]
     rows = [row(r, c, keys, steps) for r, c in zip(runs, configs)]
     best = max(runs, key=lambda r: r.valid.get("bleu", float("-inf")))
     h = host()
@@ -64,5 +66,7 @@ def row(run: Run, cfg: dict[str, object], keys: list[str], steps: list[int]) -> 
     cells = [Path(run.path).name, *(str(cfg.get(k, DASH)) for k in keys)]
     cells += [f"{curve[s]:.2f}" if s in curve else DASH for s in steps]
     cells += [f"{run.valid[m]:.2f}" if m in run.valid else DASH for m in ("bleu", "chrf", "lowercased_bleu")]
+    averaged = run.path / "averaged_valid.json"  # scripts/score_averaged.sh: relmt-score of averaged.pt on valid
+    cells.append(f"{json.loads(averaged.read_text())['sacrebleu']['score']:.2f}" if averaged.is_file() else DASH)
     cells.append(f"{run.wall_seconds / 60:.0f}" if run.wall_seconds else DASH)
     return cells
