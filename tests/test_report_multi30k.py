@@ -197,3 +197,16 @@ def test_missing_translations_and_unpaired_seeds_are_listed(multi30k, tmp_path):
     assert "rel vs abs on test: seed 3: abs only" in sig and "both vs rel on test: seed 3: both only" in sig
     assert row(sig.split("| seed pairs |")[1], "rel vs abs | test") == "| rel vs abs | test | 1 | 1 | 1 | 0 |"
     assert "200 resamples" in sig
+
+
+def test_bleu_with_and_without_a_repeated_source_word(multi30k):
+    """The fabricated sources ("word word ... .") all repeat a word; on test, rel equals the references."""
+    from relmt.report.repeats import has_repeat
+
+    assert has_repeat("the dog saw The cat") and not has_repeat("a dog saw the cat")
+    md = multi30k[0]
+    text = section(md, "### BLEU with and without a repeated source word")
+    table = text[text.index("test:"):text.index("test_2017_flickr:")]
+    assert "| positions | repeated word (40 sentences) | no repeated word (0 sentences) |" in table
+    assert re.search(r"^\| rel \| 100\.00 ± 0\.00 \(3\) \| – \|$", table, flags=re.M), table
+    assert re.search(r"^\| abs \| \d\.\d\d ± \d\.\d\d \(3\) \| – \|$", table, flags=re.M), table

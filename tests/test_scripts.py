@@ -159,3 +159,14 @@ def test_run_queue_runs_resumes_and_keeps_the_artifacts(tmp_path):
     assert positions == {"a_s1": "rel", "b_s2": "abs"}  # each run's own overrides after the common ones
     again = subprocess.run(["bash", script, str(queue), "b_s2"], capture_output=True, text=True, cwd=ROOT, env=env)
     assert again.returncode == 0 and "done already: b_s2" in again.stdout and "a_s1" not in again.stdout
+
+
+def test_toy_corpus_writes_the_splits_the_toy_runs_translate(tmp_path):
+    from relmt.data.toy import generate
+
+    run_script("toy_corpus.py", str(tmp_path), "--n-train", "5", "--n-valid", "3", "--n-test", "4",
+               "--n-test-long", "2")
+    splits = generate(seed=1, n_train=5, n_valid=3, n_test=4, n_test_long=2)
+    for split, pairs in splits.items():
+        assert (tmp_path / f"{split}.src").read_text().splitlines() == [s for s, _ in pairs]
+        assert (tmp_path / f"{split}.tgt").read_text().splitlines() == [t for _, t in pairs]

@@ -7,6 +7,7 @@ from relmt.report.aggregate import key, seeds_of, tok
 from relmt.report.build import Report
 from relmt.report.claims import THRESHOLDS_NOTE, VERDICTS, Claim
 from relmt.report.curves import best, sampled
+from relmt.report.repeats import md_repeats, repeats_table
 from relmt.report.tables import TOKENIZED, Group
 from relmt.report.text import DASH, fmt, md_intro, md_table, no_refs, plural, yes_no
 
@@ -219,6 +220,7 @@ def md_group(group: Group, report: Report, name: str) -> str:
                  "kv": lambda t: md_kv(group, t)}
     parts += [render(group.tables[n]) for n, render in renderers.items() if group.tables[n]]
     parts += [s for s in (md_significance(group, report),) if s]
+    parts += [s for s in (md_repeats(repeats_table(group)),) if s]
     if group.tables["length"]:
         parts.append(md_length(group.tables["length"]))
     parts += [s for s in (md_curves(group, name),) if s]
