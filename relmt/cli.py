@@ -302,6 +302,14 @@ def score() -> None:
     sys.exit(guarded("relmt-score", _score))
 
 
+def run_dir_label(path: str) -> str:
+    """The run directory as recorded in config.yaml and metrics.json: relative to the working directory
+    when it lies below it (Hydra hands an absolute path), so that committed run artifacts name no
+    machine's paths. Hydra does not change the working directory (hydra.job.chdir=false)."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def _train_job(dcfg) -> float | None:
     """The Hydra task: typed config in, metrics out. Returns the best validation figure, so that
     Hydra sweepers can optimise it. Exits EXIT_USER_ERROR on bad input and EXIT_INTERRUPTED when a
@@ -317,7 +325,7 @@ def _train_job(dcfg) -> float | None:
     try:
         cfg = to_config(dcfg)
         if not cfg.out_dir:
-            cfg.out_dir = HydraConfig.get().runtime.output_dir
+            cfg.out_dir = run_dir_label(HydraConfig.get().runtime.output_dir)
         if int(os.environ.get("RANK", "0")) == 0:  # the resolved, validated config of this run
             OmegaConf.save(OmegaConf.structured(cfg), os.path.join(cfg.out_dir, "config.yaml"))
         metrics = train_loop(cfg)

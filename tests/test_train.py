@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -461,24 +462,35 @@ def test_fp16_grad_scaler_lowers_its_scale_on_an_inf_gradient():
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
-def test_an_inf_gradient_in_training_is_skipped_and_counted(tmp_path, monkeypatch):
+def hook_first_parameter(monkeypatch, grad_at: Callable[[int, torch.Tensor], torch.Tensor]) -> dict:
+    """Models built by the loop get a hook on their first parameter: backward pass n (from 1) turns its
+    gradient into grad_at(n, grad). Returns the counter {"n": passes so far}."""
     real_build = loop_module.build_model
     backward = {"n": 0}
 
-    def build_with_inf_at_update_3(*args):
+    def build(*args):
         model = real_build(*args)
 
         def hook(grad):
             backward["n"] += 1
-            if backward["n"] == 3:
-                grad = grad.clone()
-                grad.view(-1)[0] = math.inf
-            return grad
+            return grad_at(backward["n"], grad)
 
         next(model.parameters()).register_hook(hook)
         return model
 
-    monkeypatch.setattr(loop_module, "build_model", build_with_inf_at_update_3)
+    monkeypatch.setattr(loop_module, "build_model", build)
+    return backward
+
+
+def test_an_inf_gradient_in_training_is_skipped_and_counted(tmp_path, monkeypatch):
+    def inf_at_update_3(n, grad):
+        if n != 3:
+            return grad
+        grad = grad.clone()
+        grad.view(-1)[0] = math.inf
+        return grad
+
+    backward = hook_first_parameter(monkeypatch, inf_at_update_3)
     metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false"))
     assert backward["n"] == 6 and metrics["status"] == "completed" and metrics["skipped_updates"] == 1
     ck = checkpoint.load(tmp_path / "run/checkpoints/last.pt")
@@ -488,20 +500,7 @@ def test_an_inf_gradient_in_training_is_skipped_and_counted(tmp_path, monkeypatc
 def test_fp16_overflows_are_counted_but_do_not_stop_the_run(tmp_path, monkeypatch):
     """GradScaler starts at a scale of 2^16, so early fp16 steps often overflow; each halves the
     scale and is skipped, and only a collapsed scale would count toward train.max_bad_steps."""
-    real_build = loop_module.build_model
-    backward = {"n": 0}
-
-    def build_with_inf_at_updates_1_to_4(*args):
-        model = real_build(*args)
-
-        def hook(grad):
-            backward["n"] += 1
-            return grad * math.inf if backward["n"] <= 4 else grad
-
-        next(model.parameters()).register_hook(hook)
-        return model
-
-    monkeypatch.setattr(loop_module, "build_model", build_with_inf_at_updates_1_to_4)
+    hook_first_parameter(monkeypatch, lambda n, grad: grad * math.inf if n <= 4 else grad)
     monkeypatch.setattr(loop_module, "autocast_dtype", lambda precision, device: torch.float16)  # CPU: no CUDA here
     metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_bad_steps=2"))
     # 4 injected overflows in a row (more than max_bad_steps), plus any the halved scales still cause

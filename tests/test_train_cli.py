@@ -184,3 +184,13 @@ def test_ddp_two_gloo_ranks_match_one_process_with_the_same_global_batch(tmp_pat
     la = [r["loss"] for r in losses[0] if r["tag"] == "train"]
     lb = [r["loss"] for r in losses[1] if r["tag"] == "train"]
     assert la == pytest.approx(lb, rel=1e-4)
+
+
+def test_run_directories_below_the_working_directory_are_recorded_relative(tmp_path, monkeypatch):
+    """Committed run artifacts (config.yaml's out_dir, metrics.json's run_dir) name no machine's paths."""
+    from relmt.cli import run_dir_label
+
+    monkeypatch.chdir(tmp_path)
+    assert run_dir_label(str(tmp_path / "runs" / "a")) == os.path.join("runs", "a")
+    elsewhere = str(tmp_path.parent / "other")
+    assert run_dir_label(elsewhere) == elsewhere
