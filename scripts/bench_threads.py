@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,7 +92,7 @@ def main() -> None:
             runs = [r["tokens_per_s_total"] for r in rows if r["positions"] == positions
                     and r["arrangement"] == arrangement]
             summary.append({"positions": positions, "arrangement": arrangement,
-                            "tokens_per_s": sorted(runs)[len(runs) // 2], "runs": len(runs)})
+                            "tokens_per_s": statistics.median(runs), "runs": len(runs)})
     for positions in args.positions:
         one = next(s for s in summary if s["positions"] == positions and s["arrangement"].startswith("1 "))
         for s in summary:
