@@ -238,11 +238,17 @@ class TrainConfig:
     eval_every: int = 1000  # validate every N updates (and at the end)
     valid_bleu: bool = True  # decode the validation set for BLEU (else loss only)
     best_metric: BestMetric = BestMetric.bleu
+    # early stopping: stop after this many validations in a row without a new best of best_metric
+    # (the test splits are then scored as after max_steps); 0 or null = off
+    patience: int | None = 0
     save_every: int = 1000  # write checkpoints/step_N.pt and last.pt every N updates
     keep_last: int = 5  # step_N.pt files kept
     log_every: int = 100
     progress: bool = True  # a tqdm bar on a terminal
     resume: bool = False  # continue from checkpoints/last.pt of the run directory
+    # fine-tuning: start from this checkpoint's weights (same model config and vocabulary) with a fresh
+    # optimizer, schedule and data position. Only seeds a fresh run: a resumable run directory wins.
+    init_from: str | None = None
     max_bad_steps: int = 5  # consecutive NaN/inf losses or gradients tolerated (each update skipped)
     test_checkpoint: CheckpointRule = CheckpointRule.best
     average_last: int = 0  # at the end, average the last N step_N.pt into averaged.pt (Shaw §4.1: 20)
@@ -272,6 +278,8 @@ class TrainConfig:
                f"averaging the last {self.average_last} checkpoints needs train.keep_last >= it ({self.keep_last})")
         _check(self.test_checkpoint != CheckpointRule.averaged or self.average_last > 0, "train.test_checkpoint",
                "averaged needs train.average_last > 0")
+        _check(self.patience is None or self.patience >= 0, "train.patience",
+               f"must be >= 0 (0 or null = off), got {self.patience}")
 
 
 class EosCandidates(str, Enum):

@@ -18,13 +18,15 @@ from relmt.train.validate import translate_split
 
 
 def summary(state: TrainState, completed: bool, out: Path, n_params: int, wall_seconds: float, valid: dict,
-            best_metric: BestMetric) -> dict:
+            best_metric: BestMetric, stopped_early: dict | None = None) -> dict:
     """The run's figures for metrics.json: progress, speed, skipped updates, the last and the best
-    validation."""
+    validation, where train.patience stopped the run (else None) and the checkpoint train.init_from
+    started it from (else None). A run stopped early is completed, like one that reached max_steps."""
     seconds = max(state.train_seconds, 1e-9)
     if best_metric == BestMetric.bleu and valid and "bleu" not in valid:
         best_metric = BestMetric.loss  # train.valid_bleu=false: the loss picked best.pt
-    return {"status": "completed" if completed else "interrupted", "run_dir": str(out), "steps": state.step,
+    return {"status": "completed" if completed else "interrupted", "stopped_early": stopped_early,
+            "init_from": state.init_from, "run_dir": str(out), "steps": state.step,
             "epochs": state.epoch, "params": n_params, "wall_seconds": wall_seconds,
             "train_seconds": state.train_seconds, "tokens_per_s": state.tgt_tokens / seconds,
             "src_tgt_tokens_per_s": (state.src_tokens + state.tgt_tokens) / seconds,

@@ -7,8 +7,9 @@ checkpoints; at the end it scores the test splits and writes metrics.json.
 Resuming restores model, optimizer, scaler, RNG and the data position, so it continues exactly.
 
 `train` calls functions that take and return plain values: one update and its NaN/inf check
-(relmt/train/step.py), `log_window`, `validate`, `improved`; saving and resuming
-(relmt/train/resume.py); the summary and the scoring of the test splits (relmt/train/finish.py).
+(relmt/train/step.py), `log_window`, `validate`, `improved`, `finished` (max_steps, max_epochs or
+train.patience); saving and resuming (relmt/train/resume.py); the weights a fine-tuning run starts
+from (relmt/train/init.py); the summary and the scoring of the test splits (relmt/train/finish.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from relmt.data.dataset import Corpus, prepare
 from relmt.data.tokenizer import PAD_ID
 from relmt.errors import UserError
 from relmt.model.transformer import build_model
-from relmt.train import distributed, finish, resume
+from relmt.train import distributed, finish, init, resume
 from relmt.train.optim import build_optimizer, learning_rate
 from relmt.train.resume import TrainState
 from relmt.train.step import autocast_dtype, count_skipped, train_step
@@ -110,7 +111,8 @@ def log_window(window: dict[str, float], lr: float, step: int, epoch: int, run_l
              "ppl": math.exp(min(window["nll"] / window["tgt"], 50)), "lr": lr,
              "grad_norm": window["grad_norm"] / window["updates"],
              "tokens_per_s": window["tgt"] / window["seconds"],
-             "src_tgt_tokens_per_s": (window["src"] + window["tgt"]) / window["seconds"], "epoch": epoch}
+             "src_tgt_tokens_per_s": (window["src"] + window["tgt"]) / window["seconds"],
+             "tgt_tokens": int(window["tgt"]), "updates": int(window["updates"]), "epoch": epoch}
     if run_log is not None:
         run_log.record(step, "train", stats)
     log.info("step %d | loss %.3f | ppl %.2f | lr %.3g | |g| %.3g | %.0f tgt tok/s", step, stats["loss"],
@@ -141,10 +143,31 @@ def improved(valid: dict, best: float | None, metric: BestMetric) -> float | Non
     return valid["loss"] if best is None or valid["loss"] < best else None
 
 
-def finished(state: TrainState, tcfg: TrainConfig) -> bool:
+def reached_limit(state: TrainState, tcfg: TrainConfig) -> bool:
     """Whether train.max_steps or train.max_epochs (0 = no limit) is reached."""
     return bool((tcfg.max_steps and state.step >= tcfg.max_steps)
                 or (tcfg.max_epochs and state.epoch >= tcfg.max_epochs))
+
+
+def out_of_patience(state: TrainState, tcfg: TrainConfig) -> bool:
+    """Whether the last train.patience validations (0 or None = off) brought no new best."""
+    return bool(tcfg.patience) and state.validations_since_best >= tcfg.patience
+
+
+def finished(state: TrainState, tcfg: TrainConfig) -> bool:
+    """Whether training is over: a step or epoch limit is reached, or patience ran out (early stopping)."""
+    return reached_limit(state, tcfg) or out_of_patience(state, tcfg)
+
+
+def stopped_early(state: TrainState, tcfg: TrainConfig) -> dict | None:
+    """metrics.json's record of an early stop, logged as well; None unless train.patience ended the
+    run (a run whose patience ran out at its max_steps did not stop early)."""
+    if not out_of_patience(state, tcfg) or reached_limit(state, tcfg):
+        return None
+    metric = "bleu" if tcfg.best_metric == BestMetric.bleu and tcfg.valid_bleu else "loss"  # as `improved` picks
+    log.info("early stopping: no improvement of valid %s for %d validations; best at step %d", metric,
+             state.validations_since_best, state.best_step)
+    return {"step": state.step, "best_step": state.best_step, "patience": tcfg.patience, "metric": metric}
 
 
 def train(cfg: Config) -> dict:
@@ -163,6 +186,7 @@ def train(cfg: Config) -> dict:
     torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
     # A resume is checked before the data is prepared: a refused one should not wait for a cache build.
     ck_path, ck = resume.open_checkpoint(cfg, ckpt_dir)
+    source = init.open_source(cfg, resuming=ck is not None)  # train.init_from; checked before the data work too
 
     # Data: rank 0 builds the cache if needed, then every other rank loads it.
     corpus = prepare(cfg.data) if dist.is_main else None
@@ -187,6 +211,9 @@ def train(cfg: Config) -> dict:
     if ck is not None:
         state = resume.restore(ck, ck_path, model, optimizer, scaler, spm["sha256"], dist.rank)
         ck = None  # the model copied the weights: drop the loaded ones
+    elif source is not None:  # fine-tuning: the weights only; optimizer, schedule and data position are fresh
+        state.init_from = init.load_weights(source, model, spm)
+        source = None
     ddp = DistributedDataParallel(model) if dist.world_size > 1 else None
     net = torch.compile(ddp or model) if tcfg.compile else (ddp or model)
     run_log = open_run_log(out, state.step, ck_path is not None) if dist.is_main else None
@@ -232,6 +259,7 @@ def train(cfg: Config) -> dict:
                 if best is not None:
                     state.best_value, state.best_step = best, state.step
                     names.append("best.pt")
+                state.validations_since_best = 0 if best is not None else state.validations_since_best + 1
             if (finished(state, tcfg) or interrupted) and "last.pt" not in names:
                 names.append("last.pt")
             if names:
@@ -239,7 +267,7 @@ def train(cfg: Config) -> dict:
     bar.close()
 
     metrics = finish.summary(state, finished(state, tcfg), out, n_params, time.perf_counter() - t_start, valid,
-                             tcfg.best_metric)
+                             tcfg.best_metric, stopped_early(state, tcfg))
     if dist.world_size > 1:
         metrics["ddp_params_in_sync"] = finish.params_in_sync(model, dist)
     if interrupted:

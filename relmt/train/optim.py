@@ -56,7 +56,7 @@ def trainable(model: nn.Module, freeze: list[str]) -> list[nn.Parameter]:
     for name, param in model.named_parameters():
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in freeze):
             param.requires_grad_(False)
-            log.info("frozen at its initial value: %s %s", name, tuple(param.shape))
+            log.info("frozen at its initial value (train.init_from's, if set): %s %s", name, tuple(param.shape))
         else:
             kept.append(param)
     return kept

@@ -36,11 +36,13 @@ class TrainState:
     batch: int = 0  # the next micro-batch of `epoch`
     best_value: float | None = None
     best_step: int = 0
+    validations_since_best: int = 0  # validations in a row without a new best (train.patience)
     bad_in_row: int = 0
     bad_total: int = 0
     train_seconds: float = 0.0
     src_tokens: int = 0
     tgt_tokens: int = 0
+    init_from: dict | None = None  # the checkpoint that seeded the run (train.init_from): path, step, checksum
 
 
 def resume_checkpoint(ckpt_dir: Path) -> tuple[Path, dict]:
@@ -90,12 +92,17 @@ def check_resume_config(saved: dict, current: dict, path: Path) -> None:
 
 def open_checkpoint(cfg: Config, ckpt_dir: Path) -> tuple[Path | None, dict | None]:
     """With train.resume, the checkpoint to continue from and its contents, its config checked
-    against `cfg`; else (None, None), refusing a run directory that already holds a run."""
+    against `cfg`; else (None, None), refusing a run directory that already holds a run. With
+    train.init_from as well, a run directory without checkpoints starts a fresh run from it instead
+    (so that the same command can be requeued: relmt/train/init.py)."""
     last = ckpt_dir / "last.pt"
     if not cfg.train.resume:
         if last.is_file():
             raise UserError(f"{cfg.out_dir} already holds a run ({last}): pass train.resume=true to continue "
                             "it, or choose another hydra.run.dir")
+        return None, None
+    if cfg.train.init_from and not last.is_file() and not checkpoint.step_files(ckpt_dir):
+        log.info("train.resume: no checkpoint in %s yet, so the run starts from train.init_from", ckpt_dir)
         return None, None
     path, ck = resume_checkpoint(ckpt_dir)
     saved = upgrade_config(ck["config"])
@@ -117,6 +124,9 @@ def restore(ck: dict, path: Path, model: torch.nn.Module, optimizer: torch.optim
     optimizer.load_state_dict(ck["optim"])
     scaler.load_state_dict(ck["scaler"])
     state = TrainState(**ck["state"])
+    if "validations_since_best" not in ck["state"]:  # saved before train.patience: count them in the log
+        state.validations_since_best = validations_after(path.parent.parent / "metrics.jsonl", state.best_step,
+                                                         state.step)
     checkpoint.set_rng_state(ck["rng"][rank % len(ck["rng"])])
     log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step, state.epoch, state.batch)
     return state
@@ -135,6 +145,25 @@ def save_checkpoints(ckpt_dir: Path, names: list[str], model: torch.nn.Module, o
                    "state": asdict(state), "config": to_dict(cfg), "spm": spm}
         checkpoint.save(payload, ckpt_dir, names)
         checkpoint.prune(ckpt_dir, cfg.train.keep_last)
+
+
+def logged(path: Path) -> list[dict]:
+    """The records of metrics.jsonl (a line cut short by a kill is skipped)."""
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def validations_after(path: Path, best_step: int, step: int) -> int:
+    """How many validations metrics.jsonl logged after `best_step`, up to `step`: the count of
+    validations without a new best, for a checkpoint saved before TrainState held it."""
+    return sum(1 for r in logged(path) if r.get("tag") == "valid" and best_step < r.get("step", -1) <= step)
 
 
 def trim_history(path: Path, step: int) -> None:
