@@ -12,28 +12,43 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from relmt.errors import UserError
 
 USAGE = {
     "relmt-prepare": "relmt-prepare [data=<name>] [data.key=value ...]\n"
                      "Build the sentencepiece vocabulary and the encoded data cache, and print a summary.",
-    "relmt-translate": "relmt-translate checkpoint=PATH [input=FILE] [output=FILE] [beam=4] [lenpen=0.6] [nbest=1]\n"
-                       "                [max_source_tokens=N] [max_len_a=A] [max_len_b=B]\n"
-                       "                [eos_candidates=t2t|fairseq] [max_source_len=1024] [buffer_lines=2000]\n"
+    "relmt-translate": "relmt-translate checkpoint=PATH|[A.pt,B.pt,...] [input=FILE] [output=FILE] [reference=FILE]\n"
+                       "                [beam=4] [lenpen=0.6] [nbest=1] [max_source_tokens=N] [max_len_a=A]\n"
+                       "                [max_len_b=B] [eos_candidates=t2t|fairseq] [max_source_len=1024]\n"
+                       "                [buffer_lines=2000]"
+                       " [sampling=true] [topk=0] [topp=1.0] [temperature=1.0] [seed=1]\n"
                        "                [precision=auto|fp32|bf16|fp16] [device=auto|cpu|cuda]\n"
                        "Translate stdin (or input) line by line to stdout (or output), buffer_lines lines at a time:\n"
                        "each chunk is written, in input order, before the next is read. Unset decoding options come\n"
                        "from the checkpoint's decode config, and precision from its train.precision. A source over\n"
                        "max_source_len tokens is truncated with a warning naming its line (0 = no cap). A batch\n"
                        "holds at most max_source_tokens source tokens (padding included). With nbest > 1 each\n"
-                       "line is `index<TAB>score<TAB>text`, index counting input lines from 0.",
+                       "line is `index<TAB>score<TAB>text`, index counting input lines from 0.\n"
+                       "A list of checkpoints decodes them as an ensemble (the mean of their probabilities).\n"
+                       "sampling=true draws `beam` samples per line (topk, topp, temperature; seeded by seed\n"
+                       "and the line number) and returns the nbest best. With reference=FILE nothing is decoded:\n"
+                       "each line is `logprob<TAB>tokens<TAB>logprob/tokens`, the natural-log probability of the\n"
+                       "reference line given the input line, over its tokens and EOS (forced decoding).",
     "relmt-score": "relmt-score hyp=FILE ref=FILE [src=FILE] [lang=de] [buckets=[10,20,30,40,60]] [out=FILE.json]\n"
                    "sacreBLEU and chrF with signatures, paper-comparable tokenized BLEU (Moses + compound\n"
                    "splitting), and with src, BLEU by source length. Prints a summary; writes JSON to out.",
     "relmt-average": "relmt-average output=AVG.pt (dir=RUN/checkpoints [last=N] | checkpoints=[a.pt,b.pt,...])\n"
                      "Average the weights of the last N step checkpoints in dir (all of them if N=0), or\n"
                      "of the listed checkpoints, into one checkpoint.",
+    "relmt-export": "relmt-export checkpoint=PATH output=DIR [format=ctranslate2] [quantization=int8|float32|...]\n"
+                    "             [max_positions=2048] [force=false]\n"
+                    "Write a CTranslate2 model directory (model.bin, config.json, shared_vocabulary.json) with the\n"
+                    "checkpoint's sentencepiece model beside it (sentencepiece.model). quantization: any of\n"
+                    "CTranslate2's weight types (default: float32). max_positions: the longest source or target\n"
+                    "the absolute encodings cover (abs, both and none). Needs ctranslate2 (the export extra); a\n"
+                    "model with per-head relative tables (model.relative_share_heads=false) cannot be exported.",
 }
 
 
@@ -143,9 +158,10 @@ def average() -> None:
 
 @dataclass
 class TranslateArgs:
-    checkpoint: str = "???"
+    checkpoint: Any = "???"  # a path, or a list of them ([a.pt,b.pt]) for an ensemble
     input: str = ""  # default: stdin
     output: str = ""  # default: stdout
+    reference: str = ""  # score this file's lines as translations of the input's (forced decoding)
     # decoding: unset (None) keeps the checkpoint's decode config
     beam: int | None = None
     lenpen: float | None = None
@@ -155,6 +171,11 @@ class TranslateArgs:
     max_len_b: int | None = None
     eos_candidates: str = ""  # t2t | fairseq
     max_source_len: int | None = None
+    sampling: bool | None = None
+    topk: int | None = None
+    topp: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
     buffer_lines: int = 2000  # input lines read, translated and written at a time
     precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
     device: str = "auto"
@@ -162,7 +183,7 @@ class TranslateArgs:
 
 
 TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "nbest", "max_source_tokens", "max_len_a", "max_len_b", "eos_candidates",
-                         "max_source_len")
+                         "max_source_len", "sampling", "topk", "topp", "temperature", "seed")
 # Keys that relmt-translate once took, and what they are called now (issue 13: max_tokens counted
 # padded source + target tokens in training and source tokens in decoding, under one name).
 TRANSLATE_RENAMED_KEYS = {"max_tokens": "max_source_tokens"}
@@ -200,6 +221,27 @@ def read_input(path: str, buffer_lines: int = 2000) -> Iterator[tuple[int, list[
     return chunks()
 
 
+def misaligned(name: str, lines: int, reference: str, references: int) -> UserError:
+    return UserError(f"{name} has {lines} lines but reference={reference} has {references}: scoring needs one "
+                     "reference line per input line")
+
+
+def read_references(reference: str, source: str) -> list[str]:
+    """The lines of the reference file, checked against the line count of the source file (stdin is
+    checked while it is read)."""
+    from pathlib import Path
+
+    from relmt.data.sources import read_lines
+
+    refs = read_lines(Path(reference))
+    if source not in ("", "-"):
+        with open(source, "rb") as f:  # lines as read_input splits them
+            lines = sum(1 for _ in f)
+        if lines != len(refs):
+            raise misaligned(source, lines, reference, len(refs))
+    return refs
+
+
 def _translate(argv: list[str]) -> None:
     from dataclasses import replace
 
@@ -218,8 +260,13 @@ def _translate(argv: list[str]) -> None:
     if args.eos_candidates and args.eos_candidates not in {e.value for e in EosCandidates}:
         raise UserError(f"eos_candidates={args.eos_candidates}: must be one of "
                         f"{', '.join(e.value for e in EosCandidates)}")
+    paths = [str(p) for p in args.checkpoint] if isinstance(args.checkpoint, list) else [str(args.checkpoint)]
+    if not paths:
+        raise UserError("checkpoint=[]: give a checkpoint, or a list of them for an ensemble")
     chunks = read_input(args.input, args.buffer_lines)  # a missing input fails before the model loads
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, precision=args.precision or None)
+    name = args.input if args.input not in ("", "-") else "<stdin>"
+    refs = read_references(args.reference, args.input) if args.reference else None  # so does a misaligned one
+    translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None)
     overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}
     if "eos_candidates" in overrides:
         overrides["eos_candidates"] = EosCandidates(overrides["eos_candidates"])
@@ -233,26 +280,36 @@ def _translate(argv: list[str]) -> None:
         key = key.removeprefix("decode.")
         if key not in overrides:
             raise UserError(f"{problem} (the checkpoint's decode config with the overrides {overrides})")
-        raise UserError(f"{key}={getattr(overrides[key], 'value', overrides[key])}: {message}")
+        raise UserError(f"{key}={getattr(overrides[key], 'value', overrides[key])}: {message.replace('decode.', '')}")
 
     from tqdm import tqdm
 
-    name = args.input if args.input not in ("", "-") else "<stdin>"
+    def output(first: int, lines: list[str]) -> str:
+        if refs is not None:  # forced decoding: one score line per input line
+            scores = translator.score(lines, refs[first - 1:first - 1 + len(lines)], name=name, first_line=first)
+            return "".join(f"{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\n" for s in scores)
+        results = translator.translate_nbest(lines, name=name, first_line=first)
+        if translator.decode.nbest == 1:
+            return "".join((hyps[0][0] if hyps else "") + "\n" for hyps in results)
+        return "".join(f"{first - 1 + i}\t{score:.4f}\t{hyp}\n"
+                       for i, hyps in enumerate(results) for hyp, score in hyps)
+
     out = None
+    read = 0  # input lines read so far
     with tqdm(desc="translate", unit="line", disable=not (args.progress and sys.stderr.isatty())) as bar:
         try:
             for first, lines in chunks:
-                results = translator.translate_nbest(lines, name=name, first_line=first)
-                if translator.decode.nbest == 1:
-                    text = "".join((hyps[0][0] if hyps else "") + "\n" for hyps in results)
-                else:
-                    text = "".join(f"{first - 1 + i}\t{score:.4f}\t{hyp}\n"
-                                   for i, hyps in enumerate(results) for hyp, score in hyps)
+                read += len(lines)
+                if refs is not None and read > len(refs):  # stdin (a file was counted before): count the rest
+                    raise misaligned(name, read + sum(len(rest) for _, rest in chunks), args.reference, len(refs))
+                text = output(first, lines)
                 if out is None:  # opened at the first output, so that bad input does not clobber it
                     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
                 out.write(text)
                 out.flush()  # a stopped job keeps every chunk written so far
                 bar.update(len(lines))
+            if refs is not None and read < len(refs):
+                raise misaligned(name, read, args.reference, len(refs))
             if out is None and args.output:  # empty input: an empty output file
                 out = open(args.output, "w", encoding="utf-8")
         finally:
@@ -300,6 +357,35 @@ def _score(argv: list[str]) -> None:
 def score() -> None:
     """Console script `relmt-score`."""
     sys.exit(guarded("relmt-score", _score))
+
+
+@dataclass
+class ExportArgs:
+    checkpoint: str = "???"
+    output: str = "???"
+    format: str = "ctranslate2"
+    quantization: str = ""  # a CTranslate2 weight type; default: float32
+    max_positions: int = 2048  # rows of the absolute-encoding table: the longest source or target
+    force: bool = False  # replace an existing output directory
+
+
+def _export(argv: list[str]) -> None:
+    args = parse_args(ExportArgs, argv)
+    if args.format != "ctranslate2":
+        raise UserError(f"format={args.format}: the only export format is ctranslate2")
+    try:
+        from relmt.export.ctranslate2 import export as export_ctranslate2
+    except ImportError as e:
+        raise UserError(f"format=ctranslate2 needs the ctranslate2 package ({e}): "
+                        "pip install 'relmt[export]'") from None
+    out = export_ctranslate2(args.checkpoint, args.output, quantization=args.quantization or None,
+                 max_positions=args.max_positions, force=args.force)
+    print(f"exported {args.checkpoint} to {out} (CTranslate2, {args.quantization or 'float32'})")
+
+
+def export() -> None:
+    """Console script `relmt-export`."""
+    sys.exit(guarded("relmt-export", _export))
 
 
 def run_dir_label(path: str) -> str:

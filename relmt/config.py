@@ -300,6 +300,7 @@ class DecodeConfig:
     # per decoding batch: batch size x longest source, EOS and padding included (source tokens
     # only; training's train.max_padded_tokens counts source + target)
     max_source_tokens: int = 8000
+    max_sentences: int = 0  # cap on sentences per decoding batch (fairseq's --batch-size); 0 = none
     nbest: int = 1
     early_stop: bool = False  # stop a sentence once it has `beam` finished hypotheses
     min_len: int = 0  # EOS is suppressed before this many output tokens (benchmarks force lengths)
@@ -308,6 +309,15 @@ class DecodeConfig:
     # (0 = no cap). Attention costs grow with the square of the length, and max_len_a/b let the
     # output grow with it; 1024 is 4x the training filter data.max_tokens_per_side (256).
     max_source_len: int = 1024
+    # Sampling instead of beam search (relmt/decode/sampling.py): each sentence draws `beam` samples
+    # from softmax(logits / temperature), cut to the topk most likely tokens (0 = all) and then to
+    # the smallest set holding topp of the probability (1 = all), and returns the nbest of them by
+    # score. The draws are a function of (seed, input line, sample, step) alone: no global RNG.
+    sampling: bool = False
+    topk: int = 0
+    topp: float = 1.0
+    temperature: float = 1.0
+    seed: int = 1
 
     def __post_init__(self) -> None:
         _check(self.beam >= 1, "decode.beam", f"must be >= 1, got {self.beam}")
@@ -316,10 +326,17 @@ class DecodeConfig:
         _check(self.max_len_b >= 0, "decode.max_len_b", f"must be >= 0, got {self.max_len_b}")
         _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b", "max_len_a and b are both 0")
         _check(self.max_source_tokens >= 1, "decode.max_source_tokens", f"must be >= 1, got {self.max_source_tokens}")
+        _check(self.max_sentences >= 0, "decode.max_sentences", f"must be >= 0 (0 = no cap), got {self.max_sentences}")
         _check(1 <= self.nbest <= self.beam, "decode.nbest", f"must be in [1, beam={self.beam}], got {self.nbest}")
         _check(self.min_len >= 0, "decode.min_len", f"must be >= 0, got {self.min_len}")
         _check(self.max_source_len >= 0, "decode.max_source_len",
                f"must be >= 0 (0 = no cap), got {self.max_source_len}")
+        _check(self.topk >= 0, "decode.topk", f"must be >= 0 (0 = no cut), got {self.topk}")
+        _check(0 < self.topp <= 1, "decode.topp", f"must be in (0, 1] (1 = no cut), got {self.topp}")
+        _check(0 < self.temperature < float("inf"), "decode.temperature", f"must be > 0, got {self.temperature}")
+        for name, off in (("topk", 0), ("topp", 1.0), ("temperature", 1.0)):  # a setting that would do nothing
+            _check(self.sampling or getattr(self, name) == off, f"decode.{name}",
+                   f"applies only when sampling (decode.sampling=true), got {getattr(self, name)} without it")
 
 
 def upgrade_decode_config(values: dict) -> dict:

@@ -10,14 +10,21 @@ Two regimes:
   (--checkpoint-abs / --checkpoint-rel).
 Without checkpoints, abs and rel models of the same shape are built untrained from one seed.
 --per-step records the time of each decoder step (summed over batches) against the step number.
+--ctranslate2 adds columns for each model exported to CTranslate2 (relmt.export.ctranslate2) in
+float32 and int8, decoded by ctranslate2.Translator.translate_batch with the same beam, length
+penalty alpha, forced length (min = max decoding length), source-token batches (batch_type=tokens)
+and thread count, sentencepiece encoding and decoding included. A model with per-head relative
+tables cannot be exported: --share-heads builds the untrained rel model with one table per layer.
 
     python scripts/bench_decode.py --out docs/results/decode_cpu.json --md docs/results/decode_cpu.md
+    python scripts/bench_decode.py --share-heads --ctranslate2 --md docs/results/decode_ct2_cpu.md
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -48,7 +55,8 @@ def load_translators(args: argparse.Namespace, device: torch.device) -> tuple[di
             continue
         torch.manual_seed(args.seed)
         cfg = ModelConfig(d_model=args.d_model, n_heads=args.heads, d_ff=args.d_ff, encoder_layers=args.layers,
-                          decoder_layers=args.layers, positions=PosKind(kind), max_relative_position=args.k)
+                          decoder_layers=args.layers, positions=PosKind(kind), max_relative_position=args.k,
+                          relative_share_heads=args.share_heads)
         model = build_model(cfg, corpus.tokenizer.vocab_size, PAD_ID).to(device)
         translators[kind] = Translator(model, corpus.tokenizer, DecodeConfig(), device)
     return translators, sentences
@@ -84,6 +92,70 @@ class StepTimer:
         steps = sorted(self.seconds)
         return {"seconds": {t: self.seconds[t] for t in steps}, "rows": {t: self.rows[t] for t in steps},
                 "us_per_token": {t: 1e6 * self.seconds[t] / self.rows[t] for t in steps}}
+
+
+CT2_TYPES = ("float32", "int8")
+
+
+def export_ctranslate2(translators: dict[str, Translator], directory: Path, max_positions: int,
+                       ) -> dict[tuple[str, str], Path | str]:
+    """Each model exported to CTranslate2 in float32 and int8: (kind, type) -> its directory, or the
+    reason it cannot be exported."""
+    from relmt.errors import UserError
+    from relmt.export.ctranslate2 import RelmtConverter
+
+    out: dict[tuple[str, str], Path | str] = {}
+    for kind, translator in translators.items():
+        for ct2_type in CT2_TYPES:
+            path = directory / f"{kind}_{ct2_type}"
+            try:
+                RelmtConverter(translator.model, translator.tokenizer, max_positions).convert(
+                    str(path), quantization=ct2_type)
+                out[kind, ct2_type] = path
+            except UserError as e:
+                out[kind, ct2_type] = str(e)
+    return out
+
+
+def ct2_decode(ct2, translator: Translator, sentences: list[str], beam: int, lenpen: float, max_source_tokens: int,
+               min_len: int, max_len: int) -> int:
+    """What Translator.translate does, with CTranslate2: encode, beam-search, decode to text. Returns
+    the number of output tokens. CT2 divides scores by |y|^alpha (relmt: GNMT); same cost."""
+    sp = translator.tokenizer.sp
+    results = ct2.translate_batch(sp.encode(sentences, out_type=str), beam_size=beam, length_penalty=lenpen,
+                                  max_batch_size=max_source_tokens, batch_type="tokens",
+                                  min_decoding_length=min_len, max_decoding_length=max_len)
+    hyps = [r.hypotheses[0] for r in results]
+    sp.decode(hyps)
+    return sum(map(len, hyps))
+
+
+def time_ct2(path: Path, translator: Translator, sentences: list[str], args: argparse.Namespace,
+             device: torch.device, min_len: int, max_len: int) -> tuple[float, int]:
+    """Median seconds over args.repeats (after a warm-up) and output tokens of one exported model."""
+    import ctranslate2
+
+    ct2 = ctranslate2.Translator(str(path), device="cuda" if device.type == "cuda" else "cpu",
+                                 intra_threads=torch.get_num_threads())
+
+    def run(batch: list[str]) -> int:
+        return ct2_decode(ct2, translator, batch, args.beam, translator.decode.lenpen, args.max_source_tokens,
+                          min_len, max_len)
+
+    run(sentences[:8])  # warm-up
+    times, tokens = [], 0
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        tokens = run(sentences)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), tokens
+
+
+def free_limit(translator: Translator, sentences: list[str]) -> int:
+    """The longest step limit floor(a * |x| + b) of relmt's free-running search over `sentences`
+    (|x| counts EOS); CT2 takes one max_decoding_length for all."""
+    a, b = translator.decode.max_len_a, translator.decode.max_len_b
+    return max(int(a * (len(x) + 1) + b) for x in translator.tokenizer.encode(sentences))
 
 
 def plot_per_step(per_step: dict[str, dict], path: Path) -> None:
@@ -128,6 +200,10 @@ def main() -> None:
     ap.add_argument("--d-ff", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--share-heads", action="store_true",
+                    help="untrained rel model: one a^K/a^V table per layer for all heads (exportable to CTranslate2)")
+    ap.add_argument("--ctranslate2", action="store_true",
+                    help="also time each model exported to CTranslate2, float32 and int8 (needs ctranslate2)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--max-source-tokens", type=int, default=8000,
@@ -146,6 +222,12 @@ def main() -> None:
     device = resolve_device(args.device)
     tuned = {} if args.no_tune_cpu else tune_cpu()
     translators, sentences = load_translators(args, device)
+    ct2_models: dict[tuple[str, str], Path | str] = {}
+    ct2_dir = tempfile.TemporaryDirectory(prefix="bench-ct2-") if args.ctranslate2 else None
+    if ct2_dir is not None:  # the absolute-encoding tables must cover every source and output position
+        longest = max(len(x) + 1 for x in next(iter(translators.values())).tokenizer.encode(sentences))
+        reach = max([longest, args.forced_length] + [free_limit(t, sentences) for t in translators.values()])
+        ct2_models = export_ctranslate2(translators, Path(ct2_dir.name), max(2048, reach + 1))
 
     rows, per_step = [], {}
     for regime in args.regimes:
@@ -173,6 +255,20 @@ def main() -> None:
                 per_step[f"{regime}/{kind}"] = timer.summary()
             print(f"{regime:6s} {kind}: {rows[-1]['sentences_per_s']:.1f} sent/s, "
                   f"{rows[-1]['tgt_tokens_per_s']:.0f} tgt tok/s ({seconds:.2f}s)", flush=True)
+            for ct2_type in CT2_TYPES if args.ctranslate2 else ():
+                path = ct2_models[kind, ct2_type]
+                if isinstance(path, str):
+                    print(f"{regime:6s} {kind}: CTranslate2 {ct2_type}: not exported: {path}", flush=True)
+                    continue
+                lengths = ((args.forced_length, args.forced_length) if regime == "forced"
+                           else (0, free_limit(translator, sentences)))
+                ct2_seconds, ct2_tokens = time_ct2(path, translator, sentences, args, device, *lengths)
+                rows[-1].update({f"ct2_{ct2_type}_seconds": ct2_seconds,
+                                 f"ct2_{ct2_type}_sentences_per_s": len(sentences) / ct2_seconds,
+                                 f"ct2_{ct2_type}_tgt_tokens_per_s": ct2_tokens / ct2_seconds,
+                                 f"ct2_{ct2_type}_avg_output_tokens": ct2_tokens / len(sentences)})
+                print(f"{regime:6s} {kind}: CTranslate2 {ct2_type}: {len(sentences) / ct2_seconds:.1f} sent/s, "
+                      f"{ct2_tokens / ct2_seconds:.0f} tgt tok/s ({ct2_seconds:.2f}s)", flush=True)
         by_kind = {r["positions"]: r for r in rows if r["regime"] == regime}
         if {"abs", "rel"} <= set(by_kind):
             by_kind["rel"]["rel_over_abs_time"] = by_kind["rel"]["seconds"] / by_kind["abs"]["seconds"]
@@ -181,7 +277,11 @@ def main() -> None:
                ("sentences_per_s", "sentences/s"), ("tgt_tokens_per_s", "target tokens/s"),
                ("avg_output_tokens", "avg output tokens"), ("seconds", "seconds"),
                ("rel_over_abs_time", "rel/abs time")]
+    if args.ctranslate2:
+        columns += [(f"ct2_{t}_sentences_per_s", f"CTranslate2 {t} sentences/s") for t in CT2_TYPES]
     table = markdown_table(rows, columns)
+    if ct2_dir is not None:
+        ct2_dir.cleanup()
     hw = hardware(device)
     print("\n" + table)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
@@ -193,14 +293,22 @@ def main() -> None:
     if args.md:
         models = ("trained checkpoints" if args.checkpoint_abs or args.checkpoint_rel else
                   f"untrained models of one shape ({args.layers}+{args.layers} layers, d_model {args.d_model}, "
-                  f"{args.heads} heads, FFN {args.d_ff}; rel: k = {args.k}, per-head a^K and a^V)")
+                  f"{args.heads} heads, FFN {args.d_ff}; rel: k = {args.k}, "
+                  f"{'a^K and a^V shared by all heads' if args.share_heads else 'per-head a^K and a^V'})")
+        ct2_text = ("" if not args.ctranslate2 else
+                    " CTranslate2 columns: the same models exported with `relmt.export.ctranslate2` (float32 and "
+                    "int8 weights), decoded by `ctranslate2.Translator.translate_batch` with the same beam, length "
+                    "penalty alpha (CT2's |y|^alpha, not GNMT's), forced length and source-token batches "
+                    f"(batch_type=tokens), intra_threads={torch.get_num_threads()}, sentencepiece included; "
+                    "`free` decodes up to the longest sentence's step limit. An empty cell: the model has "
+                    "per-head relative tables, which CTranslate2 cannot hold.")
         args.md.parent.mkdir(parents=True, exist_ok=True)
         args.md.write_text(
             f"# Beam-{args.beam} decoding speed ({device.type})\n\n"
             f"{len(sentences)} source sentences ({args.text_dir or 'toy corpus'}, split {args.split}) translated "
             f"with `Translator` (length-sorted batches of at most {args.max_source_tokens} source tokens, beam "
             f"{args.beam}, detokenized output), {models}, fp32. `forced`: every output has exactly "
-            f"{args.forced_length} tokens. Median of {args.repeats} runs after a warm-up.\n\n"
+            f"{args.forced_length} tokens. Median of {args.repeats} runs after a warm-up.{ct2_text}\n\n"
             f"- command: `{command_line()}`\n- hardware: {hw.get('gpu', hw['cpu'])}, {hw['torch_threads']} torch "
             f"threads, torch {hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n\n{table}\n")
 

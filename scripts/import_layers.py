@@ -21,7 +21,7 @@ LAYERS = [
     (1, "config, errors, runtime", ("relmt", "relmt.config", "relmt.errors", "relmt.runtime")),
     (2, "data, model, dropout", ("relmt.data", "relmt.model", "relmt.dropout")),
     (3, "checkpoint", ("relmt.checkpoint",)),
-    (4, "decode, evaluate", ("relmt.decode", "relmt.evaluate")),
+    (4, "decode, evaluate, export", ("relmt.decode", "relmt.evaluate", "relmt.export")),
     (5, "train", ("relmt.train",)),
     (6, "report", ("relmt.report",)),
     (7, "cli", ("relmt.cli",)),

@@ -65,10 +65,13 @@ def test_bench_decode_runs(tmp_path):
     out = tmp_path / "d.json"
     run_script("bench_decode.py", "--n", "6", "--repeats", "1", "--d-model", "16", "--heads", "2", "--d-ff", "32",
                "--layers", "1", "--forced-length", "5", "--per-step", "--cache-dir", str(tmp_path / "cache"),
-               "--out", str(out))
+               "--share-heads", "--ctranslate2", "--out", str(out))
     payload = json.loads(out.read_text())
     assert {r["positions"] for r in payload["rows"]} == {"abs", "rel"}
     assert all(r["avg_output_tokens"] == 5 for r in payload["rows"])
+    # the exported CTranslate2 models, float32 and int8, decode the same forced length
+    assert all(r[f"ct2_{t}_avg_output_tokens"] == 5 and r[f"ct2_{t}_sentences_per_s"] > 0
+               for r in payload["rows"] for t in ("float32", "int8"))
     steps = payload["per_step_seconds"]["forced/rel"]
     assert len(steps["seconds"]) == 5 and all(rows == 6 * 4 for rows in steps["rows"].values())
 

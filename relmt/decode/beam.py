@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from relmt.config import EosCandidates
+from relmt.decode.ensemble import Ensemble
 from relmt.model.transformer import Transformer
 
 
@@ -80,13 +81,14 @@ class Hypothesis:
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: Tensor, beam: int, bos_id: int, eos_id: int, lenpen: float = 0.6,
+def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: int, eos_id: int, lenpen: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1, early_stop: bool = False,
                 min_len: int = 0, use_cache: bool = True, eos_candidates: EosCandidates | str = EosCandidates.t2t,
-                out_weight: Tensor | None = None) -> list[list[Hypothesis]]:
+                out_weight: Tensor | tuple | None = None) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses of each source row of src (B, S), best first. `out_weight` is
     the output weight padded with zero rows for a faster CPU GEMM (relmt.decode.search.output_weight),
-    handed to every cached step; None: the tied embedding itself."""
+    handed to every cached step; None: the tied embedding itself. An `Ensemble` decodes through the
+    same code: its memory, cache and output weights hold one entry per model."""
     k, pad_id = beam, model.pad_id
     t2t = EosCandidates(eos_candidates) == EosCandidates.t2t
     memory, src_mask = model.encode(src)

@@ -3,9 +3,10 @@
 the same hypotheses, with the same scores, in either.
 
 It caps long sources, cuts length-sorted batches by source tokens, pads them, runs the search under
-the caller's autocast and returns each source's hypotheses in input order. The search is always
-`beam_search`; a beam of 1 is greedy decoding, token for token (relmt/decode/greedy.py is the
-oracle that tests/test_beam.py holds it to).
+the caller's autocast and returns each source's hypotheses in input order. The search is
+`beam_search` (a beam of 1 is greedy decoding, token for token: relmt/decode/greedy.py is the
+oracle that tests/test_beam.py holds it to), or with decode.sampling, `relmt.decode.sampling.sample`.
+The model is a `Transformer` or an `Ensemble` of them (relmt/decode/ensemble.py): one path for both.
 """
 
 from __future__ import annotations
@@ -22,31 +23,38 @@ from tqdm import tqdm
 from relmt.config import DecodeConfig, EosCandidates
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import Hypothesis, beam_search
+from relmt.decode.ensemble import Ensemble
+from relmt.decode.sampling import sample
 from relmt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
 
-def source_batches(src_lens: np.ndarray, max_source_tokens: int) -> list[np.ndarray]:
+def source_batches(src_lens: np.ndarray, max_source_tokens: int, max_sentences: int = 0) -> list[np.ndarray]:
     """Indices sorted by source length (longest first), cut so that B x max length <=
-    max_source_tokens (a longer single sentence still gets a batch of its own)."""
+    max_source_tokens (a longer single sentence still gets a batch of its own) and, if
+    max_sentences > 0, B <= max_sentences."""
     order = np.argsort(-src_lens, kind="stable")
     batches, start = [], 0
     while start < len(order):
         width = max(int(src_lens[order[start]]), 1)
         size = max(1, max_source_tokens // width)
+        size = min(size, max_sentences) if max_sentences else size
         batches.append(order[start:start + size])
         start += size
     return batches
 
 
-def output_weight(model: Transformer, device: torch.device) -> Tensor | None:
+def output_weight(model: Transformer | Ensemble, device: torch.device) -> Tensor | tuple | None:
     """The tied output weight (V, d_model) zero-padded to a multiple of 16 rows, for decoding on a
-    CPU; None where it is not needed (another device, or V already a multiple of 16).
+    CPU; None where it is not needed (another device, or V already a multiple of 16). For an
+    ensemble, a tuple of one such weight (or None) per model.
 
     An odd row count (a vocabulary of 3,859, say) makes the CPU GEMM of the output projection much
     slower (misaligned rows; docs/results/perf_log.md). Decoding pads once per call, while the
     weights are fixed, and `Transformer.decode_step` cuts the padded rows' scores off again."""
+    if isinstance(model, Ensemble):
+        return tuple(output_weight(m, device) for m in model.models)
     w = model.tgt_embed.weight
     extra = -w.shape[0] % 16
     if device.type != "cpu" or not extra:
@@ -54,13 +62,20 @@ def output_weight(model: Transformer, device: torch.device) -> Tensor | None:
     return F.pad(w.detach(), (0, 0, 0, extra))
 
 
-def nbest_search(model: Transformer, src: Tensor, cfg: DecodeConfig, out_weight: Tensor | None = None,
-                 ) -> list[list[Hypothesis]]:
+def nbest_search(model: Transformer | Ensemble, src: Tensor, cfg: DecodeConfig,
+                 out_weight: Tensor | tuple | None = None, lines: Tensor | None = None) -> list[list[Hypothesis]]:
     """The cfg.nbest best hypotheses (ids and score) of each row of src (B, S), best first.
 
     Beam 1 is greedy decoding: a beam of one that only lets an EOS ranked first finish (fairseq's
     rule) and stops at its first finished hypothesis. Under t2t's rule an EOS ranked second would
-    also finish, and the result would no longer be the argmax path (relmt/decode/beam.py)."""
+    also finish, and the result would no longer be the argmax path (relmt/decode/beam.py).
+    With cfg.sampling, the nbest best of cfg.beam samples per row; lines (B,) are the rows' input
+    line numbers that seed their draws (default 1..B)."""
+    if cfg.sampling:
+        if lines is None:
+            lines = torch.arange(1, src.shape[0] + 1)
+        return sample(model, src, lines, cfg.beam, BOS_ID, EOS_ID, cfg.seed, cfg.temperature, cfg.topk, cfg.topp,
+                      cfg.lenpen, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.nbest, out_weight)
     greedy = cfg.beam == 1
     return beam_search(model, src, cfg.beam, BOS_ID, EOS_ID, cfg.lenpen, cfg.max_len_a, cfg.max_len_b,
                        nbest=cfg.nbest, early_stop=cfg.early_stop or greedy, min_len=cfg.min_len,
@@ -68,23 +83,30 @@ def nbest_search(model: Transformer, src: Tensor, cfg: DecodeConfig, out_weight:
                        out_weight=out_weight)
 
 
-@torch.no_grad()
-def decode_sources(model: Transformer, sources: Sequence[np.ndarray | list[int]], cfg: DecodeConfig,
-                   device: torch.device, autocast_dtype: torch.dtype | None = None, name: str = "input",
-                   first_line: int = 1, progress: bool = False) -> list[list[Hypothesis]]:
-    """The cfg.nbest hypotheses of each source, in input order; [] for an empty source.
-
-    sources: token ids without EOS (appended here). A source longer than cfg.max_source_len tokens
-    is cut to its first max_source_len, with a warning naming it as line `first_line + i` of
-    `name`. Batches hold at most cfg.max_source_tokens source tokens (EOS and padding included),
-    and run under autocast to `autocast_dtype` (None: the model's own precision)."""
-    cap = cfg.max_source_len
+def capped_lengths(sources: Sequence[np.ndarray | list[int]], cap: int, name: str, first_line: int) -> np.ndarray:
+    """The token count of each source, cut to `cap` (0 = no cap) with a warning naming each source
+    cut as line `first_line + i` of `name`."""
     lens = np.array([len(x) for x in sources], dtype=np.int64)
     if cap:
         for i in np.flatnonzero(lens > cap):
             log.warning("%s:%d: the source has %d tokens, more than max_source_len=%d; decoding only its first %d",
                         name, first_line + i, lens[i], cap, cap)
         lens = np.minimum(lens, cap)
+    return lens
+
+
+@torch.no_grad()
+def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray | list[int]], cfg: DecodeConfig,
+                   device: torch.device, autocast_dtype: torch.dtype | None = None, name: str = "input",
+                   first_line: int = 1, progress: bool = False) -> list[list[Hypothesis]]:
+    """The cfg.nbest hypotheses of each source, in input order; [] for an empty source.
+
+    sources: token ids without EOS (appended here). A source longer than cfg.max_source_len tokens
+    is cut to its first max_source_len, with a warning naming it as line `first_line + i` of
+    `name`. Batches hold at most cfg.max_source_tokens source tokens (EOS and padding included) and
+    at most cfg.max_sentences sentences (0 = no cap), and run under autocast to `autocast_dtype` (None: the model's own precision). With
+    cfg.sampling, line first_line + i seeds the samples of source i, whatever batch it lands in."""
+    lens = capped_lengths(sources, cfg.max_source_len, name, first_line)
     todo = np.flatnonzero(lens)  # an empty source gives no hypotheses (an empty line, an empty output)
     results: list[list[Hypothesis]] = [[] for _ in sources]
     if not len(todo):
@@ -93,8 +115,8 @@ def decode_sources(model: Transformer, sources: Sequence[np.ndarray | list[int]]
     model.eval()
     weight = output_weight(model, device)
     try:
-        for batch in tqdm(source_batches(lens[todo] + 1, cfg.max_source_tokens), desc="translate", unit="batch",
-                          disable=not progress):
+        batches = source_batches(lens[todo] + 1, cfg.max_source_tokens, cfg.max_sentences)
+        for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
             index = todo[batch]
             src = np.full((len(index), lens[index].max() + 1), PAD_ID, dtype=np.int64)  # (B, S): ids, EOS, PAD
             for row, i in enumerate(index):
@@ -102,7 +124,8 @@ def decode_sources(model: Transformer, sources: Sequence[np.ndarray | list[int]]
                 src[row, lens[i]] = EOS_ID
             with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                                 enabled=autocast_dtype is not None):
-                hyps = nbest_search(model, torch.from_numpy(src).to(device), cfg, weight)
+                hyps = nbest_search(model, torch.from_numpy(src).to(device), cfg, weight,
+                                    torch.from_numpy(index + first_line))
             for i, h in zip(index, hyps):
                 results[i] = h
     finally:

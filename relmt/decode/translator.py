@@ -2,6 +2,9 @@
 
     translator = Translator.from_checkpoint("runs/.../checkpoints/best.pt")
     translator.translate(["the dog saw the cat"], beam=4)
+    ensemble = Translator.from_checkpoints(["a/best.pt", "b/best.pt"])  # mean of their probabilities
+    translator.translate(["the dog saw the cat"], sampling=True, beam=1, topk=10, seed=3)
+    translator.score(["the dog saw the cat"], ["der hund sah die katze"])  # log P(reference | source)
 
 The checkpoint alone is enough: it holds the config and the sentencepiece model (its path, hash
 and bytes; the bytes serve when the file has moved or changed). Decoding settings are the
@@ -11,12 +14,17 @@ as validation during training does, so both give the same output for the same se
 batched by source tokens in length order, outputs in input order. An empty input gives an empty
 output, so line i of the output always belongs to line i of the input. A source longer than
 decode.max_source_len tokens is cut to that many, with a warning naming its line.
+
+An ensemble (relmt/decode/ensemble.py) takes its decode config and precision from its first
+checkpoint; its checkpoints must hold one sentencepiece model (the same bytes, so the same
+vocabulary), and one that does not is named in the error.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +34,8 @@ from relmt import checkpoint
 from relmt.config import DecodeConfig, Precision, from_dict
 from relmt.data.tokenizer import PAD_ID, Tokenizer
 from relmt.decode.beam import Hypothesis
+from relmt.decode.ensemble import Ensemble
+from relmt.decode.reference import ReferenceScore, score_references
 from relmt.decode.search import decode_sources
 from relmt.errors import UserError
 from relmt.model.transformer import Transformer, build_model
@@ -42,10 +52,23 @@ def checkpoint_tokenizer(spm: dict) -> Tokenizer:
     return Tokenizer(path, model=spm["model"])
 
 
-class Translator:
-    """A trained model, its vocabulary and decoding settings."""
+def check_same_vocabulary(path: str | Path, ck: dict, first: str | Path, first_spm: bytes, vocab_size: int) -> None:
+    """Refuse a checkpoint for an ensemble whose sentencepiece model differs from the first one's:
+    its token ids would mean other pieces, and mixing their probabilities would be meaningless."""
+    spm = ck["spm"]["model"]
+    if spm == first_spm:
+        return
+    pieces = Tokenizer(Path(ck["spm"]["path"]), model=spm).vocab_size
+    sizes = f"{pieces} pieces, {first} {vocab_size}" if pieces != vocab_size else f"both {pieces} pieces"
+    raise UserError(f"{path}: its vocabulary differs from {first}'s (sentencepiece model sha256 "
+                    f"{hashlib.sha256(spm).hexdigest()[:12]} vs {hashlib.sha256(first_spm).hexdigest()[:12]}; "
+                    f"{sizes}); the models of an ensemble must share one vocabulary")
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
+
+class Translator:
+    """A trained model (or an ensemble of them), its vocabulary and decoding settings."""
+
+    def __init__(self, model: Transformer | Ensemble, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
                  autocast_dtype: torch.dtype | None = None) -> None:
         self.model, self.tokenizer, self.decode, self.device = model.eval(), tokenizer, decode, device
         self.autocast_dtype = autocast_dtype
@@ -56,30 +79,49 @@ class Translator:
         """Model, vocabulary and decode config from a checkpoint. `precision` (auto | fp32 | bf16 |
         fp16) overrides the checkpoint's train.precision: a model trained in fp32 is decoded in fp32,
         not forced into bf16 on a GPU."""
+        return cls.from_checkpoints([path], device, precision)
+
+    @classmethod
+    def from_checkpoints(cls, paths: Sequence[str | Path], device: str = "auto",
+                         precision: Precision | str | None = None) -> Translator:
+        """An ensemble of the checkpoints' models (one checkpoint: that model alone), which must
+        share their sentencepiece model; vocabulary, decode config and precision come from the first
+        (`precision` overrides it, as in from_checkpoint)."""
+        paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+        if not paths:
+            raise UserError("no checkpoint given")
         try:
             wanted = Precision(precision) if precision is not None else None
         except ValueError:
             raise UserError(f"precision={precision}: must be one of {', '.join(p.value for p in Precision)}") from None
         dev = resolve_device(device)
-        ck = checkpoint.load(path)
-        cfg = from_dict(ck["config"])
-        tokenizer = checkpoint_tokenizer(ck["spm"])
-        model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID)
-        checkpoint.load_model_state(model, ck["model"], path)
+        models: list[Transformer] = []
+        for path in paths:
+            ck = checkpoint.load(path)
+            if not models:
+                cfg = from_dict(ck["config"])
+                tokenizer, first, first_spm = checkpoint_tokenizer(ck["spm"]), path, ck["spm"]["model"]
+            else:
+                check_same_vocabulary(path, ck, first, first_spm, tokenizer.vocab_size)
+            model = build_model(from_dict(ck["config"]).model, tokenizer.vocab_size, PAD_ID)
+            checkpoint.load_model_state(model, ck["model"], path)
+            models.append(model)
+            del ck  # the optimizer state of one checkpoint at a time
+        model = models[0] if len(models) == 1 else Ensemble(models)
         chosen = wanted if wanted is not None else cfg.train.precision
         if chosen == Precision.fp16 and dev.type != "cuda":
             if wanted is not None:
                 raise UserError(f"precision=fp16 needs a CUDA device (device resolved to {dev.type}): use fp32 or bf16")
             # CPU autocast to fp16 is emulated and slow; fp32 holds every fp16 value, so nothing is lost
-            log.info("%s was trained in fp16; decoding in fp32 on %s", path, dev.type)
+            log.info("%s was trained in fp16; decoding in fp32 on %s", paths[0], dev.type)
             chosen = Precision.fp32
         tune_cpu()
         return cls(model.to(dev), tokenizer, cfg.decode, dev, autocast_dtype(chosen, dev))
 
     def translate(self, sentences: list[str], **decode: object) -> list[str]:
         """The best translation of each sentence. Keyword arguments override DecodeConfig fields
-        (beam, lenpen, max_len_a, max_len_b, max_source_tokens, nbest, early_stop, min_len,
-        eos_candidates, max_source_len)."""
+        (beam, lenpen, max_len_a, max_len_b, max_source_tokens, max_sentences, nbest, early_stop, min_len,
+        eos_candidates, max_source_len, sampling, topk, topp, temperature, seed)."""
         return [hyps[0][0] if hyps else "" for hyps in self.translate_nbest(sentences, **decode)]
 
     def translate_nbest(self, sentences: list[str], progress: bool = False, name: str = "input",
@@ -97,3 +139,14 @@ class Translator:
         ids = [x if s.strip() else [] for s, x in zip(sentences, self.tokenizer.encode(sentences))]
         return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
                               first_line=first_line, progress=progress)
+
+    def score(self, sources: list[str], references: list[str], name: str = "input", first_line: int = 1,
+              ) -> list[ReferenceScore]:
+        """log P(reference | source) of each pair (relmt/decode/reference.py: natural log, summed over
+        the reference's tokens and EOS; `per_token` divides by their count), in input order."""
+        if len(sources) != len(references):
+            raise UserError(f"{len(sources)} sources but {len(references)} references")
+        src = [x if s.strip() else [] for s, x in zip(sources, self.tokenizer.encode(sources))]
+        ref = [y if r.strip() else [] for r, y in zip(references, self.tokenizer.encode(references))]
+        return score_references(self.model, src, ref, self.decode.max_source_len, self.decode.max_source_tokens,
+                                self.device, self.autocast_dtype, name=name, first_line=first_line)

@@ -1,0 +1,96 @@
+"""Scoring given references (forced decoding): the model's log-probability of each reference, as
+fairseq-generate --score-reference and sockeye-score give it.
+
+    log P(y | x) = sum_{t=1}^{|y|+1} log p(y_t | y_<t, x),   y_{|y|+1} = EOS,
+
+natural logarithm, no length penalty, over the reference's sentencepiece tokens and the EOS that
+ends it. This is minus the teacher-forced training loss with label smoothing 0 (relmt/train/loss.py),
+summed over the sentence, and it is the log P(y) that beam search divides by lp(|y|) when it
+scores a hypothesis y. `ReferenceScore.per_token` divides by |y| + 1, sockeye's normalisation
+with its length penalty switched off.
+
+Every pair is scored, empty lines too (an empty reference is EOS alone). Sources are cut to
+decode.max_source_len tokens, with the warning decoding gives. Pairs are sorted by length and
+batched so that batch size x (longest source + longest reference), EOS, BOS and padding included,
+stays within decode.max_source_tokens (a longer pair gets a batch of its own). The model is a
+`Transformer` or an `Ensemble` (whose distribution is the mean of its models').
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from relmt.decode.ensemble import Ensemble
+from relmt.decode.search import capped_lengths
+from relmt.model.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class ReferenceScore:
+    logprob: float  # log P(y | x), natural log, summed over the reference's tokens and EOS
+    tokens: int  # |y| + 1: the reference's tokens and EOS
+
+    @property
+    def per_token(self) -> float:
+        return self.logprob / self.tokens
+
+
+def pair_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Indices sorted by source + target length (longest first), cut so that B x (longest source +
+    longest target) <= max_tokens; a pair longer than that alone gets a batch of its own."""
+    order = np.argsort(-(src_lens + tgt_lens), kind="stable")
+    batches, batch, width_src, width_tgt = [], [], 0, 0
+    for i in order:
+        s, t = max(width_src, int(src_lens[i])), max(width_tgt, int(tgt_lens[i]))
+        if batch and (len(batch) + 1) * (s + t) > max_tokens:
+            batches.append(np.array(batch))
+            batch, s, t = [], int(src_lens[i]), int(tgt_lens[i])
+        batch.append(i)
+        width_src, width_tgt = s, t
+    if batch:
+        batches.append(np.array(batch))
+    return batches
+
+
+@torch.no_grad()
+def score_references(model: Transformer | Ensemble, sources: Sequence[np.ndarray | list[int]],
+                     references: Sequence[np.ndarray | list[int]], max_source_len: int, max_tokens: int,
+                     device: torch.device, autocast_dtype: torch.dtype | None = None, name: str = "input",
+                     first_line: int = 1) -> list[ReferenceScore]:
+    """log P(reference | source) of each pair, in input order. sources, references: token ids
+    without EOS (appended here); the warning about a cut source names line `first_line + i` of `name`."""
+    if len(sources) != len(references):
+        raise ValueError(f"{len(sources)} sources but {len(references)} references")
+    src_lens = capped_lengths(sources, max_source_len, name, first_line) + 1  # EOS
+    tgt_lens = np.array([len(y) for y in references], dtype=np.int64) + 1  # BOS + y, or y + EOS
+    results: list[ReferenceScore] = [ReferenceScore(0.0, 0)] * len(sources)
+    was_training = model.training
+    model.eval()
+    try:
+        for index in pair_batches(src_lens, tgt_lens, max_tokens):
+            src = np.full((len(index), src_lens[index].max()), PAD_ID, dtype=np.int64)  # (B, S)
+            tgt = np.full((len(index), tgt_lens[index].max() + 1), PAD_ID, dtype=np.int64)  # (B, 1 + T)
+            for row, i in enumerate(index):
+                n, m = src_lens[i] - 1, tgt_lens[i] - 1
+                src[row, :n], src[row, n] = sources[i][:n], EOS_ID
+                tgt[row, 0], tgt[row, 1:m + 1], tgt[row, m + 1] = BOS_ID, references[i], EOS_ID
+            src_t, tgt_t = torch.from_numpy(src).to(device), torch.from_numpy(tgt).to(device)
+            # BOS + y and y + EOS, padded; a shorter row's input goes on to its EOS, whose output is
+            # PAD: masked below, and under causal attention it changes no earlier position
+            tgt_in, tgt_out = tgt_t[:, :-1], tgt_t[:, 1:]
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                memory, src_mask = model.encode(src_t)
+                logits = model.decode(tgt_in, memory, src_mask)  # (B, T, V)
+            lprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out[:, :, None])[:, :, 0]
+            total = lprobs.double().masked_fill(tgt_out == PAD_ID, 0.0).sum(dim=1)  # (B,)
+            for i, value in zip(index, total.tolist()):
+                results[i] = ReferenceScore(value, int(tgt_lens[i]))
+    finally:
+        model.train(was_training)
+    return results

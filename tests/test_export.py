@@ -1,0 +1,218 @@
+"""relmt-export format=ctranslate2: the exported model decodes as relmt's own beam search does.
+
+Random models of every position mode and norm, and a model trained for a few hundred updates, are
+exported and decoded by ctranslate2.Translator at beam 4; tokens must equal relmt's and scores
+agree to float32 rounding. Two settings differ by design and are matched here (relmt/export/
+ctranslate2.py says why): CT2 lets only an EOS among the first K candidates finish, which is relmt's
+decode.eos_candidates=fairseq, and its length penalty is |y|^alpha where relmt's is
+((5 + |y|) / 6)^alpha, so forced-length scores are compared as log-probabilities, and free-running
+decoding (where the penalty picks among lengths) runs with alpha = 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import ctranslate2
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+
+from relmt import checkpoint
+from relmt.cli import _export, guarded
+from relmt.config import Config, EosCandidates, ModelConfig, Norm, PosKind, compose, to_dict
+from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+from relmt.decode.translator import Translator
+from relmt.errors import UserError
+from relmt.export.ctranslate2 import export
+from relmt.model.transformer import Transformer, build_model
+
+WORDS = ("the a my dog cat bird king frog saw chased found ran slept big small red old near river house "
+         "alice bob carol and because that quickly said").split()
+SENTENCES = ["the dog saw the cat", "a small red bird slept", "alice said that bob ran",
+             "the old king near the river chased my frog", "bob ran", "carol quickly found a big house because "
+             "the cat slept near the small red house"]
+BEAM, ALPHA, FORCED = 4, 0.6, 7
+
+
+@pytest.fixture(scope="module")
+def spm_model(tmp_path_factory) -> Path:
+    rnd = random.Random(0)
+    lines = [" ".join(rnd.choice(WORDS) for _ in range(rnd.randint(1, 10))) for _ in range(400)]
+    path = tmp_path_factory.mktemp("spm") / "spm.model"
+    train_tokenizer(lines, path, vocab_size=64, model_type="word")
+    return path
+
+
+def without_special_tokens(model: Transformer) -> None:
+    """Give <pad>, <s> and </s> no probability, as training does, in a random model.
+
+    relmt's search drops <pad> and <s> from the candidates after the softmax (and EOS before
+    min_len); CT2 can only mask logits before it, which renormalises the rest. The two agree when
+    those tokens carry no probability mass. A random model gives them some, so column 0 of the
+    tied embedding and the final LayerNorm's unit 0 (gain 0, bias 1000) add a constant logit:
+    +20 to every ordinary token, 0 to <pad> (its row stays zero) and -20 to <s> and </s>.
+    The input embeddings change by at most 0.02 in one of 32 units."""
+    final = model.decoder_norm if isinstance(model.decoder_norm, torch.nn.LayerNorm) else model.decoder_layers[-1].norm3
+    with torch.no_grad():
+        final.weight[0], final.bias[0] = 0.0, 1000.0
+        column = torch.full((model.tgt_embed.num_embeddings,), 0.02)
+        column[[BOS_ID, EOS_ID]], column[PAD_ID] = -0.02, 0.0
+        model.tgt_embed.weight[:, 0] = column
+
+
+def random_checkpoint(directory: Path, spm_path: Path, **fields) -> Path:
+    """A checkpoint of a random small model (seeded), as training would save it."""
+    cfg = Config(model=ModelConfig(**{"d_model": 32, "n_heads": 4, "d_ff": 64, "encoder_layers": 2,
+                                      "decoder_layers": 2, "max_relative_position": 3,
+                                      "relative_share_heads": True, **fields}))
+    tokenizer = Tokenizer(spm_path)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID)
+    without_special_tokens(model)
+    spm_info = {"path": str(spm_path), "sha256": tokenizer.sha256(), "model": tokenizer.model_bytes()}
+    checkpoint.save({"format": checkpoint.CHECKPOINT_FORMAT, "model": model.state_dict(), "config": to_dict(cfg),
+                     "spm": spm_info, "step": 0}, directory, ["model.pt"])
+    return directory / "model.pt"
+
+
+def ct2_hypotheses(model_dir: Path, sentences: list[str], **options) -> list[list[tuple[list[int], float]]]:
+    """(ids, score) of each returned hypothesis, translating with the exported directory alone."""
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
+    translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=1)
+    results = translator.translate_batch(sp.encode(sentences, out_type=str), beam_size=BEAM, return_scores=True,
+                                         max_batch_size=4, **options)
+    return [[([sp.piece_to_id(p) for p in hyp], score) for hyp, score in zip(r.hypotheses, r.scores)]
+            for r in results]
+
+
+CASES = {
+    "abs-pre": {"positions": PosKind.abs, "norm": Norm.pre},
+    "abs-post": {"positions": PosKind.abs, "norm": Norm.post},
+    "rel-pre": {"positions": PosKind.rel, "norm": Norm.pre},
+    "rel-post": {"positions": PosKind.rel, "norm": Norm.post},
+    "both-pre": {"positions": PosKind.both, "norm": Norm.pre},
+    "both-post": {"positions": PosKind.both, "norm": Norm.post},
+    "keys-only": {"positions": PosKind.rel, "relative_values": False},
+    "values-only": {"positions": PosKind.rel, "relative_keys": False, "norm": Norm.post},
+    "both-values-only": {"positions": PosKind.both, "relative_keys": False},
+    "none": {"positions": PosKind.none, "norm": Norm.post},
+    "k0": {"positions": PosKind.rel, "max_relative_position": 0},
+    "separate-embeddings": {"positions": PosKind.rel, "share_embeddings": False},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forced_length_beam_search_matches_relmt(case, spm_model, tmp_path):
+    """Every output is exactly FORCED tokens (relmt: min_len = max_len_b = FORCED, max_len_a = 0;
+    CT2: min_decoding_length = max_decoding_length), so the length penalty divides all of a
+    sentence's hypotheses by one constant: the K hypotheses must come out identical and in the same
+    order, and score * penalty(FORCED) must be the same log-probability in both."""
+    ck = random_checkpoint(tmp_path, spm_model, **CASES[case])
+    out = export(ck, tmp_path / "ct2")
+    ours = Translator.from_checkpoint(ck, device="cpu").hypotheses(
+        SENTENCES, beam=BEAM, nbest=BEAM, lenpen=ALPHA, max_len_a=0.0, max_len_b=FORCED, min_len=FORCED,
+        eos_candidates=EosCandidates.fairseq)
+    theirs = ct2_hypotheses(out, SENTENCES, num_hypotheses=BEAM, length_penalty=ALPHA,
+                            min_decoding_length=FORCED, max_decoding_length=FORCED)
+    gnmt, ct2_penalty = ((5 + FORCED) / 6) ** ALPHA, FORCED ** ALPHA
+    for sentence, mine, other in zip(SENTENCES, ours, theirs):
+        assert [h.tokens for h in mine] == [ids for ids, _ in other], sentence
+        assert all(len(h.tokens) == FORCED for h in mine)
+        np.testing.assert_allclose([s * ct2_penalty for _, s in other], [h.score * gnmt for h in mine],
+                                   rtol=1e-4, err_msg=sentence)
+
+
+# --- a trained model, decoding freely --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The tiny model with head-shared relative tables, trained for 300 updates (~15 s on a CPU):
+    enough for it to end its outputs with EOS."""
+    from relmt.train.loop import train
+
+    tmp = tmp_path_factory.mktemp("trained")
+    cfg = compose(["model=tiny", "model.relative_share_heads=true", "train=debug", "train.max_steps=300",
+                   "train.valid_bleu=false", "train.eval_every=300", "train.save_every=300", "train.log_every=100",
+                   "train.warmup_steps=100", "train.max_padded_tokens=1024", f"data.cache_dir={tmp / 'cache'}",
+                   "data.toy.n_train=3000", "data.toy.n_valid=10", "data.toy.n_test=10", "data.toy.n_test_long=10",
+                   "data.toy.max_words=8"])
+    cfg.out_dir = str(tmp / "run")
+    train(cfg)
+    return tmp / "run" / "checkpoints" / "last.pt"
+
+
+TOY = ["the dog saw the cat", "a small red bird sang", "alice said that bob arrived",
+       "the old teachers near the river greeted my cats", "bob ran", "every king quickly kissed some frogs",
+       "my friend admired the green lake"]
+
+
+def test_free_running_beam_search_matches_relmt_on_a_trained_model(trained, tmp_path, capsys):
+    out = tmp_path / "ct2"
+    assert guarded("relmt-export", _export, [f"checkpoint={trained}", f"output={out}"]) == 0
+    assert f"to {out}" in capsys.readouterr().out
+    limit = 40
+    ours = Translator.from_checkpoint(trained, device="cpu").hypotheses(
+        TOY, beam=BEAM, lenpen=0.0, max_len_a=0.0, max_len_b=limit, eos_candidates=EosCandidates.fairseq)
+    theirs = ct2_hypotheses(out, TOY, length_penalty=0.0, min_decoding_length=0, max_decoding_length=limit)
+    for sentence, mine, other in zip(TOY, ours, theirs):
+        assert mine[0].tokens == other[0][0], sentence
+        assert other[0][1] == pytest.approx(mine[0].score, rel=1e-4, abs=1e-5), sentence
+    assert max(len(h[0].tokens) for h in ours) < limit  # every output ended with EOS
+
+
+def test_export_directory_and_int8(trained, tmp_path):
+    out = export(trained, tmp_path / "int8", quantization="int8")
+    names = {p.name for p in out.iterdir()}
+    assert {"model.bin", "config.json", "shared_vocabulary.json", "sentencepiece.model", "relmt_export.json"} <= names
+    assert (out / "sentencepiece.model").read_bytes() == checkpoint.load(trained)["spm"]["model"]
+    vocabulary = json.loads((out / "shared_vocabulary.json").read_text())
+    assert vocabulary[:4] == ["<pad>", "<unk>", "<s>", "</s>"]  # relmt's PAD, UNK, BOS, EOS ids
+    config = json.loads((out / "config.json").read_text())
+    assert config["add_source_eos"] and config["decoder_start_token"] == "<s>" and config["eos_token"] == "</s>"
+    info = json.loads((out / "relmt_export.json").read_text())
+    assert info["checkpoint"] == str(trained) and info["model"]["positions"] == "rel"
+    float32 = export(trained, tmp_path / "float32")
+    assert (out / "model.bin").stat().st_size < 0.6 * (float32 / "model.bin").stat().st_size
+    # int8 weights (and activations) decode close to float32: scores within 10%, most outputs the same
+    options = {"length_penalty": 0.0, "min_decoding_length": 0, "max_decoding_length": 40}
+    int8, full = ct2_hypotheses(out, TOY, **options), ct2_hypotheses(float32, TOY, **options)
+    np.testing.assert_allclose([h[0][1] for h in int8], [h[0][1] for h in full], rtol=0.1, atol=0.1)
+    assert sum(a[0][0] == b[0][0] for a, b in zip(int8, full)) > len(TOY) / 2
+
+
+# --- what cannot be exported ------------------------------------------------------------------------------
+
+def test_per_head_tables_are_refused_with_the_setting_to_train_with(spm_model, tmp_path, capsys):
+    ck = random_checkpoint(tmp_path, spm_model, positions=PosKind.rel, relative_share_heads=False)
+    with pytest.raises(UserError, match="relative_share_heads=true"):
+        export(ck, tmp_path / "ct2")
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={tmp_path / 'ct2'}"]) == 2
+    err = capsys.readouterr().err
+    assert "model.relative_share_heads=false" in err and "one a^K/a^V table per attention head" in err
+    assert "Traceback" not in err and not (tmp_path / "ct2").exists()
+    # one head: a per-head table is a shared one
+    ok = random_checkpoint(tmp_path / "one", spm_model, positions=PosKind.rel, n_heads=1, relative_share_heads=False)
+    assert export(ok, tmp_path / "one_head").is_dir()
+
+
+def test_cli_errors_name_the_key(spm_model, tmp_path, capsys):
+    ck = random_checkpoint(tmp_path, spm_model, positions=PosKind.abs)
+    out = tmp_path / "ct2"
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "format=onnx"]) == 2
+    assert "format=onnx" in capsys.readouterr().err
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "quantization=int3"]) == 2
+    assert "quantization=int3: must be one of" in capsys.readouterr().err
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "max_positions=0"]) == 2
+    assert "max_positions=0: must be >= 1" in capsys.readouterr().err
+    assert guarded("relmt-export", _export, [f"checkpoint={tmp_path / 'none.pt'}", f"output={out}"]) == 2
+    assert "none.pt: no such checkpoint" in capsys.readouterr().err
+    assert not out.exists()
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}"]) == 0
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}"]) == 2
+    assert "already exists (give force=true" in capsys.readouterr().err
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "force=true"]) == 0
+    assert guarded("relmt-export", _export, ["--help"]) == 0

@@ -1,0 +1,57 @@
+"""Untrained tiny checkpoints for the decoding tests (ensembles, sampling, reference scoring):
+a sentencepiece model trained on toy sentences in well under a second, random weights, and the
+payload relmt's trainer saves, so Translator.from_checkpoint(s) and relmt-translate read them as
+they read real ones. Nothing is trained: the properties tested hold whatever the weights."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from relmt import checkpoint
+from relmt.config import Config, DecodeConfig, ModelConfig, to_dict
+from relmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+from relmt.data.toy import generate
+from relmt.model.transformer import Transformer, build_model
+
+SENTENCES = ["the dog saw the cat", "a small red bird sang", "alice said that bob arrived",
+             "the old teachers near the river greeted my cats", "bob ran"]
+# short outputs keep untrained models (which rarely choose EOS) cheap to decode
+DECODE = DecodeConfig(beam=3, lenpen=0.6, max_len_a=0.0, max_len_b=8)
+
+
+def toy_tokenizer(directory: Path, seed: int = 1, vocab_size: int = 120) -> Path:
+    """A sentencepiece model on both sides of 300 toy sentence pairs (toy seed `seed`)."""
+    path = directory / f"spm_{seed}_{vocab_size}.model"
+    if not path.is_file():
+        pairs = generate(seed=seed, n_train=300, n_valid=0, n_test=0, n_test_long=0)["train"]
+        train_tokenizer([s for pair in pairs for s in pair], path, vocab_size, "bpe")
+    return path
+
+
+def model_config(**changes) -> ModelConfig:
+    return ModelConfig(**{**dict(d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2,
+                                 max_relative_position=4, dropout=0.0, attention_dropout=0.0,
+                                 activation_dropout=0.0), **changes})
+
+
+def random_model(cfg: ModelConfig, vocab_size: int, seed: int, eos_boost: float = 2.0) -> Transformer:
+    torch.manual_seed(seed)
+    model = build_model(cfg, vocab_size, PAD_ID).eval()
+    with torch.no_grad():  # make EOS likely, so that hypotheses of different lengths finish and compete
+        model.tgt_embed.weight[EOS_ID] *= eos_boost
+    return model
+
+
+def write_checkpoint(directory: Path, name: str, spm: Path, seed: int, model: ModelConfig | None = None,
+                     decode: DecodeConfig = DECODE, eos_boost: float = 2.0) -> Path:
+    """directory/name: a random model (torch seed `seed`) with the payload the trainer saves."""
+    cfg = Config(model=model or model_config(), decode=decode)
+    net = random_model(cfg.model, Tokenizer(spm).vocab_size, seed, eos_boost)
+    data = spm.read_bytes()
+    payload = {"format": checkpoint.CHECKPOINT_FORMAT, "model": net.state_dict(), "config": to_dict(cfg),
+               "spm": {"path": str(spm), "sha256": hashlib.sha256(data).hexdigest(), "model": data}, "step": 0}
+    checkpoint.save(payload, directory, [name])
+    return directory / name
