@@ -5,7 +5,8 @@
 #   2. trained abs and rel models on that corpus (runs/peer/{abs,rel}, STEPS updates each), so that
 #      decoding can also run free (EOS allowed), not only at the forced length of 20;
 #   3. beam-4 decoding of the 500 test sentences, forced and free, with time per step (decode_cpu_peer.*);
-#   4. perf_cpu.md: both beside the peers' figures and the goals.
+#   4. perf_relmt_cpu.md: both in detail, with issue 7's goals (the side-by-side comparison with the
+#      peers is scripts/bench_peers.sh's perf_cpu.md).
 # Run nothing else on the machine meanwhile. About 35 minutes on 2 cores (training the models: 20).
 #
 #   scripts/perf_cpu.sh                 # PEER_GEN=../shared/bench/make_peer_corpus.py STEPS=400
@@ -37,4 +38,4 @@ done
     --out "$OUT/decode_cpu_peer.json" --md "$OUT/decode_cpu_peer.md"
 
 "$BIN/python" scripts/perf_report.py --train "$OUT/train_cpu.json" --decode "$OUT/decode_cpu_peer.json" \
-    --command "scripts/perf_cpu.sh (STEPS=$STEPS)" --out "$OUT/perf_cpu.md"
+    --command "scripts/perf_cpu.sh (STEPS=$STEPS)" --out "$OUT/perf_relmt_cpu.md"

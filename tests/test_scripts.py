@@ -173,3 +173,33 @@ def test_toy_corpus_writes_the_splits_the_toy_runs_translate(tmp_path):
     for split, pairs in splits.items():
         assert (tmp_path / f"{split}.src").read_text().splitlines() == [s for s, _ in pairs]
         assert (tmp_path / f"{split}.tgt").read_text().splitlines() == [t for _, t in pairs]
+
+
+@pytest.mark.slow
+def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
+    """scripts/bench_peers.py with no peers: relmt-train end to end (throughput from its own log),
+    relmt's decoding and relmt-export + CTranslate2 at 32 per batch, one at a time and one batch."""
+    import random
+
+    corpus = tmp_path / "scratch" / "corpus"
+    corpus.mkdir(parents=True)
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(40)]
+    for split, n in (("train", 300), ("valid", 8), ("test", 6)):
+        src = [" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(n)]
+        (corpus / f"{split}.src").write_text("\n".join(src) + "\n")
+        (corpus / f"{split}.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in src) + "\n")
+    out, md = tmp_path / "p.json", tmp_path / "p.md"
+    run_script("bench_peers.py", "--scratch", str(tmp_path / "scratch"), "--generator", str(tmp_path / "absent.py"),
+               "--peers", "--steps", "20", "--log-every", "10", "--decode-n", "6", "--latency-n", "2",
+               "--length", "7", "--repeats", "1", "--threads", "1", "--json", str(out), "--md", str(md))
+    payload = json.loads(out.read_text())
+    train = [r for r in payload["results"] if r["stage"] == "train"]
+    assert {(r["system"], r["positions"]) for r in train} == {("relmt", "abs"), ("relmt", "rel")}
+    assert all(r["tokens_per_s"] > 0 and r["gemm_gflops"] > 0 for r in train)
+    decode = [r for r in payload["results"] if r["stage"] == "decode"]
+    assert {r["system"] for r in decode} == {"relmt", "ct2-relmt:float32", "ct2-relmt:int8"}
+    assert {r["regime"] for r in decode} == {"batch32", "latency", "large"}
+    assert all(r["mean_output_tokens"] == 7 for r in decode)  # every hypothesis forced to --length
+    text = md.read_text()
+    assert "| **relmt** |" in text and "training step time, relmt rel / abs" in text

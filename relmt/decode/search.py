@@ -104,8 +104,9 @@ def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray |
     sources: token ids without EOS (appended here). A source longer than cfg.max_source_len tokens
     is cut to its first max_source_len, with a warning naming it as line `first_line + i` of
     `name`. Batches hold at most cfg.max_source_tokens source tokens (EOS and padding included) and
-    at most cfg.max_sentences sentences (0 = no cap), and run under autocast to `autocast_dtype` (None: the model's own precision). With
-    cfg.sampling, line first_line + i seeds the samples of source i, whatever batch it lands in."""
+    at most cfg.max_sentences sentences (0 = no cap), and run under autocast to `autocast_dtype`
+    (None: the model's own precision). With cfg.sampling, line first_line + i seeds the samples of
+    source i, whatever batch it lands in."""
     lens = capped_lengths(sources, cfg.max_source_len, name, first_line)
     todo = np.flatnonzero(lens)  # an empty source gives no hypotheses (an empty line, an empty output)
     results: list[list[Hypothesis]] = [[] for _ in sources]
