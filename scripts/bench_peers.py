@@ -210,9 +210,11 @@ class Bench:
         else:  # onmt, eole: their own translate commands, timed by their -report_time
             head = out.with_suffix(".src")
             head.write_text("\n".join(src.read_text(encoding="utf-8").splitlines()[:n]) + "\n", encoding="utf-8")
-            # max_length counts the EOS-free output, and min_length keeps EOS out before it
+            # max_length counts the EOS-free output, and min_length keeps EOS out before it;
+            # max_length_ratio 0 lifts OpenNMT-py's cap of 1.25 x the longest source + 5 tokens
             args = ["-src", head, "-output", out, "-beam_size", 4, "-length_penalty", "wu", "-alpha", 0.6,
-                    "-min_length", self.length, "-max_length", self.length, "-batch_size", batch,
+                    "-min_length", self.length, "-max_length", self.length, "-max_length_ratio", 0,
+                    "-batch_size", batch,
                     "-batch_type", "sents", "-report_time"]
             entry = ["onmt.bin.translate:main", "-model", model] if system == "onmt" else \
                 ["eole.bin.main:main", "predict", "-model_path", model]

@@ -50,6 +50,7 @@ class MultiHeadAttention(nn.Module):
         self.v_bias = nn.Parameter(torch.zeros(d_model))
         self.out_proj = nn.Linear(d_model, d_model)
         self.rel = rel
+        self._scaled_q: tuple | None = None  # (weights' identity, s W^Q, s b^Q) kept between decoding steps
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -63,6 +64,21 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, D)
 
+    def scaled_query_weights(self) -> tuple[Tensor, Tensor]:
+        """W^Q and b^Q times 1/sqrt(d_z) (Shaw eq. (4)). While gradients flow (training) they are
+        computed at every call. Otherwise (decoding runs the same projection at every step) they are
+        kept and reused until the weights change: any in-place update (optimizer step,
+        load_state_dict) bumps a tensor's version, which is part of the key. The values are the
+        same either way, so decoding and training compute bitwise the same queries."""
+        w, b = self.q_proj.weight, self.q_proj.bias
+        s = self.d_head ** -0.5
+        if torch.is_grad_enabled() and (w.requires_grad or b.requires_grad):
+            return w * s, b * s
+        key = (w._version, b._version, w.data_ptr(), b.data_ptr(), w.dtype, w.device)
+        if self._scaled_q is None or self._scaled_q[0] != key:
+            self._scaled_q = (key, w * s, b * s)
+        return self._scaled_q[1], self._scaled_q[2]
+
     def project_kv(self, y: Tensor) -> tuple[Tensor, Tensor]:
         """y: (B, m, d_model) -> keys and values, each (B, H, m, D)."""
         k, v = self.kv_proj(y).chunk(2, dim=-1)
@@ -75,8 +91,7 @@ class MultiHeadAttention(nn.Module):
         causality). Returns (B, n, d_model)."""
         # The 1/sqrt(d_z) of Shaw eq. (4) is folded into W^Q and b^Q: a (d, d) multiply instead of
         # a scaled copy of q, and both terms of e_ij get it. The fused kernels then use scale=1.
-        s = self.d_head ** -0.5
-        q = self._split(F.linear(x, self.q_proj.weight * s, self.q_proj.bias * s))  # (B, H, n, D)
+        q = self._split(F.linear(x, *self.scaled_query_weights()))  # (B, H, n, D)
         n, m = q.shape[2], k.shape[2]
         p = self.dropout if self.training else 0.0
         rel = self.rel

@@ -122,7 +122,7 @@ def decode(opts: argparse.Namespace) -> None:
             # min = max new tokens: every hypothesis is forced to opts.length tokens (EOS not counted)
             ys = model.generate(input_ids=x, attention_mask=x.ne(PAD), num_beams=opts.beam,
                                 length_penalty=opts.lenpen, min_new_tokens=opts.length, max_new_tokens=opts.length,
-                                early_stopping=False, do_sample=False)
+                                early_stopping=False, do_sample=False, suppress_tokens=[PAD])
             for i, y in zip(index, ys.tolist()):
                 out[i] = " ".join(words.get(t, "<unk>") for t in y if t not in (PAD, EOS))
     seconds = time.perf_counter() - t0
