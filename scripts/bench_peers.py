@@ -118,6 +118,21 @@ class Bench:
     latency_n: int
     relmt_bin: Path
     results: list[dict] = field(default_factory=list)
+    done: dict[tuple, dict] = field(default_factory=dict)  # --resume: rows measured by an earlier call
+
+    @property
+    def log_path(self) -> Path:
+        """Every measured row, appended as it is measured, so that --resume can skip it."""
+        return self.scratch / "results.jsonl"
+
+    def earlier(self, **key) -> dict | None:
+        """The row of an earlier call for this stage, system, positions, (regime) and repeat, kept
+        in the results again; None when it must be measured."""
+        row = self.done.get(tuple(sorted(key.items())))
+        if row is not None:
+            self.results.append(row)
+            print(f"  measured earlier: {json.dumps(row)}", flush=True)
+        return row
 
     def venv(self, name: str) -> Path:
         return self.scratch / name / "bin"
@@ -143,12 +158,17 @@ class Bench:
 
     def record(self, **row) -> None:
         self.results.append(row)
+        with self.log_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
         print("  " + json.dumps(row), flush=True)
 
     # ---- training ---------------------------------------------------------------------------------
 
     def train(self, system: str, pos: str, rep: int) -> Path:
         out = self.scratch / f"r{rep}" / f"{system}-{pos}"
+        model = out / {"relmt": "checkpoints/last.pt", "onmt": f"model_step_{self.steps}.pt"}.get(system, "model")
+        if model.exists() and self.earlier(stage="train", system=system, positions=pos, repeat=rep):
+            return model
         gemm = self.calibrate(f"{system}/{pos} training")
         if system == "relmt":
             self.run([self.relmt_bin / "relmt-train", f"hydra.run.dir={out}", "model=small", f"model.positions={pos}",
@@ -158,7 +178,7 @@ class Bench:
                       f"train.log_every={self.log_every}", f"train.eval_every={self.steps}",
                       f"train.save_every={self.steps}", "train.valid_bleu=false", f"train.num_threads={self.threads}",
                       "train.progress=false", f"seed={PEER_SEED}"], out / "bench.log")
-            marks, model = relmt_marks(out), out / "checkpoints" / "last.pt"
+            marks = relmt_marks(out)
         elif system in ("onmt", "eole"):
             config = out / "config.yaml"
             config.parent.mkdir(parents=True, exist_ok=True)
@@ -168,12 +188,11 @@ class Bench:
             self.run([self.venv(system) / "python", ROOT / "scripts/peers/ftz.py", "--threads", self.threads, *entry],
                      out / "train.log")
             marks = onmt_marks(out / "train.log", self.log_every)
-            model = out / (f"model_step_{self.steps}.pt" if system == "onmt" else "model")
         else:  # marian
             self.run([self.venv("marian") / "python", ROOT / "scripts/peers/marian.py", "--threads", self.threads,
                       "train", "--corpus", self.corpus, "--out", out / "model", "--steps", self.steps,
                       "--log-every", self.log_every, "--seed", PEER_SEED], out / "train.log")
-            marks, model = marian_marks(out / "train.log"), out / "model"
+            marks = marian_marks(out / "train.log")
         self.record(stage="train", system=system, positions=pos, repeat=rep, gemm_gflops=gemm,
                     tokens_per_s=throughput(marks, self.log_every, self.steps))
         return model
@@ -182,9 +201,14 @@ class Bench:
 
     def decode(self, system: str, pos: str, model: Path, rep: int) -> None:
         src = self.corpus / "test.src"
+        wanted = (("batch32", 32, self.decode_n), ("latency", 1, self.latency_n),
+                  ("large", self.decode_n, self.decode_n))
+        regimes = [(regime, batch, n) for regime, batch, n in wanted
+                   if not self.earlier(stage="decode", system=system, positions=pos, regime=regime, repeat=rep)]
+        if not regimes:
+            return
         gemm = self.calibrate(f"{system}/{pos} decoding")
-        for regime, batch, n in (("batch32", 32, self.decode_n), ("latency", 1, self.latency_n),
-                                 ("large", self.decode_n, self.decode_n)):
+        for regime, batch, n in regimes:
             out = self.scratch / f"r{rep}" / "decode" / f"{system}-{pos}-{regime}.txt"
             seconds = self.decode_once(system, model, src, out, batch, n)
             hyps = out.read_text(encoding="utf-8").splitlines()[:n]
@@ -466,6 +490,9 @@ def main() -> None:
     parser.add_argument("--ct2-relmt", action=argparse.BooleanOptionalAction, default=True,
                         help="also decode relmt's models exported by relmt-export with CTranslate2")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows of SCRATCH/results.jsonl (an earlier, cut-off call with the same settings) "
+                             "and measure only what is missing; without it the file starts afresh")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=110)
     parser.add_argument("--log-every", type=int, default=10)
@@ -488,6 +515,13 @@ def main() -> None:
         subprocess.run([sys.executable, opts.generator, corpus, "--seed", str(PEER_SEED)], check=True)
     bench = Bench(opts.scratch, corpus, opts.threads, opts.steps, opts.log_every, opts.length, opts.decode_n,
                   opts.latency_n, Path(sys.executable).parent)
+    if opts.resume and bench.log_path.is_file():
+        for line in bench.log_path.read_text().splitlines():
+            row = json.loads(line)
+            bench.done[tuple(sorted((k, row[k]) for k in ("stage", "system", "positions", "regime", "repeat")
+                                    if k in row))] = row
+    elif bench.log_path.exists():
+        bench.log_path.unlink()
     trainers = [("relmt", "abs"), ("relmt", "rel")] + [(p, pos) for p in opts.peers for pos in ("abs", "rel")
                                                         if not (p == "marian" and pos == "rel")]
     models: dict[tuple[str, str], Path] = {}

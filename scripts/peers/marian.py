@@ -43,7 +43,7 @@ def build(vocab_size: int):
                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
                           decoder_ffn_dim=1024, dropout=0.1, attention_dropout=0.1, activation_dropout=0.0,
                           activation_function="relu", max_position_embeddings=512, scale_embedding=True,
-                          pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD,
+                          pad_token_id=PAD, eos_token_id=EOS, forced_eos_token_id=EOS, decoder_start_token_id=PAD,
                           share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
     return MarianMTModel(config)
 
@@ -119,10 +119,12 @@ def decode(opts: argparse.Namespace) -> None:
         for start in range(0, len(order), opts.batch):
             index = order[start: start + opts.batch]
             x = pad([src[i] for i in index])
-            # min = max new tokens: every hypothesis is forced to opts.length tokens (EOS not counted)
+            # min = max new tokens = length + 1: opts.length tokens, then the EOS that generate forces at
+            # its last position; PAD (Marian's decoder start) is never a prediction
             ys = model.generate(input_ids=x, attention_mask=x.ne(PAD), num_beams=opts.beam,
-                                length_penalty=opts.lenpen, min_new_tokens=opts.length, max_new_tokens=opts.length,
-                                early_stopping=False, do_sample=False, suppress_tokens=[PAD])
+                                length_penalty=opts.lenpen, min_new_tokens=opts.length + 1,
+                                max_new_tokens=opts.length + 1, forced_eos_token_id=EOS, early_stopping=False,
+                                do_sample=False, suppress_tokens=[PAD])
             for i, y in zip(index, ys.tolist()):
                 out[i] = " ".join(words.get(t, "<unk>") for t in y if t not in (PAD, EOS))
     seconds = time.perf_counter() - t0
