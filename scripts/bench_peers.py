@@ -544,12 +544,21 @@ def main() -> None:
         for system, pos, model in decoders:
             bench.decode(system, pos, model, rep)
     payload = {"command": command_line(), "hardware": hardware(), "settings": vars(opts) | {"command": None},
-               "results": bench.results, "summary": summarise(bench.results), "json": str(opts.json)}
-    payload["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in payload["settings"].items()}
+               "results": bench.results, "summary": summarise(bench.results), "json": relative(opts.json)}
+    payload["settings"] = {k: relative(v) if isinstance(v, Path) else v for k, v in payload["settings"].items()}
     opts.json.parent.mkdir(parents=True, exist_ok=True)
     opts.json.write_text(json.dumps(payload, indent=2) + "\n")
     opts.md.write_text(markdown(payload))
     print(opts.md.read_text())
+
+
+def relative(path: Path) -> str:
+    """A path as recorded in the results: relative to the repository when inside it, so that committed
+    files name no machine's paths."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def convert_onmt(bench: Bench, model: Path, pos: str) -> Path:
