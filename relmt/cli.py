@@ -179,6 +179,7 @@ class TranslateArgs:
     buffer_lines: int = 2000  # input lines read, translated and written at a time
     precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
     device: str = "auto"
+    compile: bool = False  # torch.compile the decoder step (relmt/decode/compiled.py): for large inputs
     progress: bool = True
 
 
@@ -266,7 +267,8 @@ def _translate(argv: list[str]) -> None:
     chunks = read_input(args.input, args.buffer_lines)  # a missing input fails before the model loads
     name = args.input if args.input not in ("", "-") else "<stdin>"
     refs = read_references(args.reference, args.input) if args.reference else None  # so does a misaligned one
-    translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None)
+    translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
+                                             compile=args.compile)
     overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}
     if "eos_candidates" in overrides:
         overrides["eos_candidates"] = EosCandidates(overrides["eos_candidates"])

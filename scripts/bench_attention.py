@@ -69,6 +69,15 @@ class RelmtLayer(nn.Module):
         return self.attn(x, *self.attn.project_kv(x))
 
 
+@torch.no_grad()
+def forward_only(layer: nn.Module, x: Tensor) -> None:
+    """The layer in eval mode under no_grad (inference), with a padding mask of the batch's shape."""
+    layer.eval()
+    attn = layer.attn
+    attn(x, *attn.project_kv(x), mask=torch.ones(x.shape[0], 1, 1, x.shape[1], dtype=torch.bool, device=x.device))
+    layer.train()
+
+
 def build(variant: str, args: argparse.Namespace) -> nn.Module:
     if variant == "naive":
         return NaiveRelativeAttention(args.d_model, args.heads, args.k, args.dropout)
@@ -86,6 +95,8 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--min-seconds", type=float, default=1.0, help="keep timing each case at least this long")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="peak memory only, no timing (memory does not depend on what else the machine runs)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, help="write JSON here")
     ap.add_argument("--md", type=Path, help="write a markdown report here")
@@ -110,22 +121,31 @@ def main() -> None:
 
             row[f"{variant}_mb"] = peak_memory_bytes(step, device) / 2**20
             steps[variant] = step
+            if variant != "naive":  # decoding a long source: the encoder's forward pass alone
+                row[f"{variant}_forward_mb"] = peak_memory_bytes(lambda layer=layer, x=x: forward_only(layer, x),
+                                                                 device) / 2**20
+        row["naive_over_rel_mem"] = row["naive_mb"] / row["rel_mb"]
+        row["rel_over_abs_mem"] = row["rel_mb"] / row["abs_mb"]
+        rows.append(row)
+        if args.memory_only:
+            print(f"n={n:5d} batch={batch:4d}  peak MB abs {row['abs_mb']:.0f} rel {row['rel_mb']:.0f} "
+                  f"naive {row['naive_mb']:.0f}", flush=True)
+            continue
         times = time_interleaved(steps, device, repeats=args.repeats, min_seconds=args.min_seconds)
         row.update({f"{variant}_ms": 1000 * t for variant, t in times.items()})
         del steps
         row["rel_over_abs"] = row["rel_ms"] / row["abs_ms"]
         row["naive_over_abs"] = row["naive_ms"] / row["abs_ms"]
-        row["naive_over_rel_mem"] = row["naive_mb"] / row["rel_mb"]
-        rows.append(row)
         print(f"n={n:5d} batch={batch:4d}  abs {row['abs_ms']:8.1f} ms  rel {row['rel_ms']:8.1f} ms "
               f"({row['rel_over_abs']:.2f}x)  naive {row['naive_ms']:8.1f} ms  |  peak MB abs "
               f"{row['abs_mb']:.0f} rel {row['rel_mb']:.0f} naive {row['naive_mb']:.0f}", flush=True)
 
-    columns = [("n", "n"), ("batch", "batch"), ("abs_ms", "abs ms"), ("rel_ms", "rel ms"),
-               ("rel_over_abs", "rel/abs time"), ("naive_ms", "naive ms"),
-               ("naive_over_abs", "naive/abs time"), ("abs_mb", "abs peak MiB"),
-               ("rel_mb", "rel peak MiB"), ("naive_mb", "naive peak MiB"),
-               ("naive_over_rel_mem", "naive/rel memory")]
+    timing = [("abs_ms", "abs ms"), ("rel_ms", "rel ms"), ("rel_over_abs", "rel/abs time"), ("naive_ms", "naive ms"),
+              ("naive_over_abs", "naive/abs time")]
+    columns = [("n", "n"), ("batch", "batch"), *([] if args.memory_only else timing),
+               ("abs_mb", "abs peak MiB"), ("rel_mb", "rel peak MiB"), ("naive_mb", "naive peak MiB"),
+               ("naive_over_rel_mem", "naive/rel memory"), ("rel_over_abs_mem", "rel/abs memory"),
+               ("abs_forward_mb", "abs forward-only peak MiB"), ("rel_forward_mb", "rel forward-only peak MiB")]
     table = markdown_table(rows, columns)
     hw = hardware(device)
     print("\n" + table)
@@ -142,7 +162,9 @@ def main() -> None:
             f"Time is the median of at least {args.repeats} runs (and {args.min_seconds} s) per variant "
             "after 2 warm-up runs, with the variants timed round-robin. Peak memory counts every tensor "
             "allocated during one "
-            "forward + backward (relmt.bench.PeakMemory on CPU, the CUDA allocator's peak on GPU).\n\n"
+            "forward + backward (relmt.bench.PeakMemory on CPU, the CUDA allocator's peak on GPU); the "
+            "forward-only columns count one forward pass in eval mode under no_grad, with a padding mask, "
+            "as when a long source is encoded for decoding.\n\n"
             f"- command: `{command_line()}`\n- hardware: {where}, {hw['torch_threads']} torch threads, "
             f"torch {hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n\n{table}\n")
 

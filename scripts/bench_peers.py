@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -169,6 +170,7 @@ class Bench:
         model = out / {"relmt": "checkpoints/last.pt", "onmt": f"model_step_{self.steps}.pt"}.get(system, "model")
         if model.exists() and self.earlier(stage="train", system=system, positions=pos, repeat=rep):
             return model
+        shutil.rmtree(out, ignore_errors=True)  # an earlier run's files (this run does not resume it)
         gemm = self.calibrate(f"{system}/{pos} training")
         if system == "relmt":
             self.run([self.relmt_bin / "relmt-train", f"hydra.run.dir={out}", "model=small", f"model.positions={pos}",
@@ -219,9 +221,10 @@ class Bench:
     def decode_once(self, system: str, model: Path, src: Path, out: Path, batch: int, n: int) -> float:
         log = out.with_suffix(".log")
         common = ["--src", src, "--out", out, "--n", n, "--batch", batch, "--length", self.length]
-        if system == "relmt":
+        if system in ("relmt", "relmt-compiled"):
+            compiled = ["--compile"] if system == "relmt-compiled" else []
             text = self.run([sys.executable, __file__, "relmt-decode", "--checkpoint", model, "--threads", self.threads,
-                             *common], log)
+                             *compiled, *common], log)
         elif system.startswith("ct2"):  # ct2 (OpenNMT-py's model) or ct2-relmt; compute type after the colon
             compute = system.split(":")[1]
             python = self.venv("onmt") / "python" if system.startswith("ct2:") else sys.executable
@@ -246,7 +249,7 @@ class Bench:
                              *entry, *args], log)
             avg_ms = float(re.findall(r"Average translation time \(ms\): ([\d.]+)", text)[-1])
             return avg_ms * n / 1000
-        return float(re.findall(r"SECONDS ([\d.]+)", text)[-1])
+        return float(re.findall(r"^SECONDS ([\d.]+)", text, re.M)[-1])
 
 
 def peer_config(system: str, pos: str, corpus: Path, out: Path, steps: int, every: int) -> str:
@@ -344,13 +347,17 @@ def relmt_decode(opts: argparse.Namespace) -> None:
     from relmt.decode.translator import Translator
 
     torch.set_num_threads(opts.threads)
-    translator = Translator.from_checkpoint(opts.checkpoint, device="cpu")
+    translator = Translator.from_checkpoint(opts.checkpoint, device="cpu", compile=opts.compile)
     lines = opts.src.read_text(encoding="utf-8").splitlines()[: opts.n or None]
     # every hypothesis has exactly --length tokens: EOS is suppressed before it, and the step limit
     # max_len_a * |x| + max_len_b ends the search there
     settings = dict(beam=4, lenpen=0.6, min_len=opts.length, max_len_a=0.0, max_len_b=opts.length,
                     max_sentences=opts.batch, max_source_tokens=10 ** 9)
-    translator.translate(lines[:2], **settings)  # warm-up, as CTranslate2 and the peers load before timing
+    # warm-up, as CTranslate2 and the peers load before timing; with --compile, two batches compile the
+    # graphs for this batch size (steps 0, 1 and later ones; dynamic shapes serve the rest)
+    t0 = time.perf_counter()
+    translator.translate(lines[: 2 * opts.batch if opts.compile else 2], **settings)
+    print(f"WARMUP_SECONDS {time.perf_counter() - t0:.6f}")
     t0 = time.perf_counter()
     hyps = translator.translate(lines, **settings)
     seconds = time.perf_counter() - t0
@@ -387,7 +394,8 @@ NAMES = {"relmt": "**relmt**", "onmt": "OpenNMT-py 3.5.1", "eole": "eole 0.6.4",
          "ct2:float32": "CTranslate2 4.8.5 float32 (OpenNMT-py's model)",
          "ct2:int8": "CTranslate2 4.8.5 int8 (OpenNMT-py's model)",
          "ct2-relmt:float32": "CTranslate2 4.8.5 float32 (relmt-export)",
-         "ct2-relmt:int8": "CTranslate2 4.8.5 int8 (relmt-export)"}
+         "ct2-relmt:int8": "CTranslate2 4.8.5 int8 (relmt-export)",
+         "relmt-compiled": "**relmt** (`compile=true`)"}
 
 
 def fmt(cell: tuple[float, float, float] | None, digits: int = 0) -> str:
@@ -419,12 +427,14 @@ def goals(summary: dict) -> list[tuple[str, str, str, str]]:
                      "yes" if abs_ / rel <= 1.05 else "no"))
     for regime, what in (("batch32", "decoding at 32 per batch, sentences/s"),
                          ("latency", "one sentence at a time, sentences/s")):
-        mine = med(decode, f"relmt/rel/{regime}")
+        ours = {name: v for name in ("relmt", "relmt-compiled") if (v := med(decode, f"{name}/rel/{regime}"))}
+        mine = max(ours.values(), default=None)
         ct2 = [v for k, (v, _, _) in decode.items()
                if k.startswith("ct2") and ":float32/rel/" in k and k.endswith(regime)]
         if mine and ct2:
             best = max(ct2)
-            rows.append((f"{what}: relmt rel / best CTranslate2 float32 rel", "≥ 1.0", f"{mine / best:.2f}",
+            which = NAMES[max(ours, key=ours.get)].replace("**", "")
+            rows.append((f"{what}: {which} rel / best CTranslate2 float32 rel", "≥ 1.0", f"{mine / best:.2f}",
                          "yes" if mine >= best else "no"))
     return rows
 
@@ -474,7 +484,8 @@ def markdown(payload: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # relmt-decode's --n is no abbreviation of --no-compiled
     sub = parser.add_subparsers(dest="command")
     g = sub.add_parser("gemm")
     g.add_argument("--threads", type=int, default=2)
@@ -483,10 +494,13 @@ def main() -> None:
         d.add_argument(name, type=kind, required=True)
     for name, default in (("--threads", 2), ("--n", 0), ("--batch", 32), ("--length", 20)):
         d.add_argument(name, type=int, default=default)
+    d.add_argument("--compile", action="store_true")
     parser.add_argument("--scratch", type=Path, default=Path(os.environ.get("SCRATCH", "/tmp/relmt-peers")))
     parser.add_argument("--generator", type=Path, default=ROOT.parent / "shared/bench/make_peer_corpus.py",
                         help="the peer corpus generator (default: ../shared/bench, this project's machines)")
     parser.add_argument("--peers", nargs="*", default=["onmt", "eole", "marian"], choices=["onmt", "eole", "marian"])
+    parser.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True,
+                        help="also decode with relmt's compiled decoder step (relmt-translate compile=true)")
     parser.add_argument("--ct2-relmt", action=argparse.BooleanOptionalAction, default=True,
                         help="also decode relmt's models exported by relmt-export with CTranslate2")
     parser.add_argument("--repeats", type=int, default=2)
@@ -536,6 +550,8 @@ def main() -> None:
         if system == "onmt":
             for compute in ("float32", "int8"):
                 decoders.append((f"ct2:{compute}", pos, convert_onmt(bench, model, pos)))
+        if system == "relmt" and opts.compiled:
+            decoders.append(("relmt-compiled", pos, model))
         if system == "relmt" and opts.ct2_relmt:
             for compute in ("float32", "int8"):
                 decoders.append((f"ct2-relmt:{compute}", pos, export_relmt(bench, model, pos)))

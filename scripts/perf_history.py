@@ -194,6 +194,9 @@ def main() -> None:
             "corpus": str(args.corpus), "out": str(args.out), "md": str(args.md)}, "rows": rows})
     if args.md:
         args.md.parent.mkdir(parents=True, exist_ok=True)
+        # the issue-14 levers section at the end is scripts/perf_levers.py's: kept as it is
+        old = args.md.read_text() if args.md.is_file() else ""
+        levers = old[old.index("\n## Issue 14 levers"):] if "\n## Issue 14 levers" in old else ""
         args.md.write_text(
             "# Performance log: what each change bought (CPU)\n\n"
             "Each row is the code of one commit, measured by the same probe in a fresh process (see "
@@ -203,7 +206,7 @@ def main() -> None:
             f"500 test sentences forced to 20 tokens (median of {args.repeats}). Speed-ups are against the row "
             "above. The final, full measurement is [perf_cpu.md](perf_cpu.md).\n\n"
             f"- command: `{command}`\n- hardware: {hw['cpu']}, {hw['torch_threads']} threads, torch "
-            f"{hw['torch']}\n- date: {hw['date']}\n\n{table}\n\n{NOTES}")
+            f"{hw['torch']}\n- date: {hw['date']}\n\n{table}\n\n{NOTES}{levers}")
 
 
 NOTES = """The rows were measured one after another on a shared 2-core virtual machine, so differences of a

@@ -192,7 +192,8 @@ def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
     out, md = tmp_path / "p.json", tmp_path / "p.md"
     run_script("bench_peers.py", "--scratch", str(tmp_path / "scratch"), "--generator", str(tmp_path / "absent.py"),
                "--peers", "--steps", "20", "--log-every", "10", "--decode-n", "6", "--latency-n", "2",
-               "--length", "7", "--repeats", "1", "--threads", "1", "--json", str(out), "--md", str(md))
+               "--length", "7", "--repeats", "1", "--threads", "1", "--json", str(out), "--md", str(md),
+               "--no-compiled")  # compiling costs a minute per process; tests/test_compiled.py covers it
     payload = json.loads(out.read_text())
     train = [r for r in payload["results"] if r["stage"] == "train"]
     assert {(r["system"], r["positions"]) for r in train} == {("relmt", "abs"), ("relmt", "rel")}
@@ -203,3 +204,47 @@ def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
     assert all(r["mean_output_tokens"] == 7 for r in decode)  # every hypothesis forced to --length
     text = md.read_text()
     assert "| **relmt** |" in text and "training step time, relmt rel / abs" in text
+
+
+def test_bench_decode_levers_runs(tmp_path):
+    """speed (the levers that need no compiling; tests/test_compiled.py covers that), profile, bleu and
+    processes, on an untrained tiny checkpoint."""
+    from tests.tiny_checkpoints import SENTENCES, toy_tokenizer, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path, "m.pt", toy_tokenizer(tmp_path), seed=1)
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("\n".join(SENTENCES * 2) + "\n")
+    ref.write_text("\n".join(reversed(SENTENCES * 2)) + "\n")
+    common = ["--checkpoint", str(ckpt), "--src", str(src), "--threads", "1", "--length", "4"]
+    out = tmp_path / "speed.json"
+    run_script("bench_decode_levers.py", "speed", *common, "--n", "6", "--n1", "2", "--batch", "3", "--repeats", "1",
+               "--variants", "eager", "int8_dynamic", "prealloc_cache", "--out", str(out))
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["eager"]["3/batch vs eager"] == 1.0 and rows["prealloc_cache"]["3/batch same as eager"]
+    assert all(r["1 at a time"] > 0 for r in rows.values())
+    run_script("bench_decode_levers.py", "profile", *common, "--n", "6", "--n1", "2", "--batch", "3",
+               "--out", str(out))
+    mode = json.loads(out.read_text())["modes"]["1 at a time"]
+    assert mode["steps"] == 2 * 4  # 2 sentences one at a time, 4 steps each
+    assert abs(mode["share_decode_step"] + mode["share_encode"] + mode["share_search"] - 1) < 1e-9
+    run_script("bench_decode_levers.py", "bleu", *common, "--ref", str(ref), "--variants", "eager", "int8_dynamic",
+               "--out", str(out))
+    assert [r["variant"] for r in json.loads(out.read_text())["rows"]] == ["eager", "int8_dynamic"]
+    run_script("bench_decode_levers.py", "processes", *common, "--n", "4", "--batch", "2", "--repeats", "1",
+               "--head-start", "8", "--out", str(out))
+    assert json.loads(out.read_text())["ratio"] > 0
+
+
+def test_perf_levers_rewrites_only_its_section_from_the_committed_measurements(tmp_path):
+    log = tmp_path / "perf_log.md"
+    committed = (ROOT / "docs/results/perf_log.md").read_text()
+    head = committed.split("\n## Issue 14 levers")[0]
+    log.write_text(head + "\n\n## Issue 14 levers\n\nstale text\n")
+    run_script("perf_levers.py", "--log", str(log))
+    text = log.read_text()
+    assert text.startswith(head) and "stale text" not in text
+    section = text[len(head):]
+    for lever in ("prealloc_cache", "compile_freezing", "int8_dynamic", "per-step Python overhead",
+                  "1-thread processes", "training step", "in place", "oneDNN"):
+        assert lever in section
+    assert section.count("\n| ") == 1 + 10  # the header and one row per lever

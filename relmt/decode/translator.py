@@ -34,6 +34,7 @@ from relmt import checkpoint
 from relmt.config import DecodeConfig, Precision, from_dict
 from relmt.data.tokenizer import PAD_ID, Tokenizer
 from relmt.decode.beam import Hypothesis
+from relmt.decode.compiled import compile_decoding
 from relmt.decode.ensemble import Ensemble
 from relmt.decode.reference import ReferenceScore, score_references
 from relmt.decode.search import decode_sources
@@ -75,18 +76,19 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: Precision | str | None = None,
-                        ) -> Translator:
+                        compile: bool = False) -> Translator:
         """Model, vocabulary and decode config from a checkpoint. `precision` (auto | fp32 | bf16 |
         fp16) overrides the checkpoint's train.precision: a model trained in fp32 is decoded in fp32,
-        not forced into bf16 on a GPU."""
-        return cls.from_checkpoints([path], device, precision)
+        not forced into bf16 on a GPU. `compile` compiles the decoder step (relmt/decode/compiled.py):
+        faster on large inputs, after tens of seconds of compiling."""
+        return cls.from_checkpoints([path], device, precision, compile)
 
     @classmethod
     def from_checkpoints(cls, paths: Sequence[str | Path], device: str = "auto",
-                         precision: Precision | str | None = None) -> Translator:
+                         precision: Precision | str | None = None, compile: bool = False) -> Translator:
         """An ensemble of the checkpoints' models (one checkpoint: that model alone), which must
         share their sentencepiece model; vocabulary, decode config and precision come from the first
-        (`precision` overrides it, as in from_checkpoint)."""
+        (`precision` and `compile` as in from_checkpoint)."""
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         if not paths:
             raise UserError("no checkpoint given")
@@ -116,7 +118,10 @@ class Translator:
             log.info("%s was trained in fp16; decoding in fp32 on %s", paths[0], dev.type)
             chosen = Precision.fp32
         tune_cpu()
-        return cls(model.to(dev), tokenizer, cfg.decode, dev, autocast_dtype(chosen, dev))
+        model = model.to(dev).eval()
+        if compile:
+            compile_decoding(model)
+        return cls(model, tokenizer, cfg.decode, dev, autocast_dtype(chosen, dev))
 
     def translate(self, sentences: list[str], **decode: object) -> list[str]:
         """The best translation of each sentence. Keyword arguments override DecodeConfig fields

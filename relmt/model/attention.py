@@ -69,10 +69,12 @@ class MultiHeadAttention(nn.Module):
         computed at every call. Otherwise (decoding runs the same projection at every step) they are
         kept and reused until the weights change: any in-place update (optimizer step,
         load_state_dict) bumps a tensor's version, which is part of the key. The values are the
-        same either way, so decoding and training compute bitwise the same queries."""
+        same either way, so decoding and training compute bitwise the same queries. Under
+        torch.compile the product is part of the graph (relmt/decode/compiled.py freezes the
+        weights, which folds it into a constant); the key's data_ptr would break the graph."""
         w, b = self.q_proj.weight, self.q_proj.bias
         s = self.d_head ** -0.5
-        if torch.is_grad_enabled() and (w.requires_grad or b.requires_grad):
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (w.requires_grad or b.requires_grad)):
             return w * s, b * s
         key = (w._version, b._version, w.data_ptr(), b.data_ptr(), w.dtype, w.device)
         if self._scaled_q is None or self._scaled_q[0] != key:
@@ -120,11 +122,13 @@ class MultiHeadAttention(nn.Module):
         """Attention written out for a^V; q is already scaled by 1/sqrt(d_z). Returns (B, H, n, D)."""
         rel = self.rel
         # Shaw §3.1 eq. (4): e_ij = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z)
+        # At long n the (B, H, n, m) buffers dominate memory, so the q·a^K term is added and the
+        # mask applied in place (autograd saves neither buffer): two of them alive at once, not three.
         scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, n, m)
         if rel.w_k is not None:
-            scores = scores + rel.key_logits(q, index)
+            scores += rel.key_logits(q, index)
         if keep is not None:
-            scores = scores.masked_fill(~keep, float("-inf"))
+            scores.masked_fill_(~keep, float("-inf"))
         attn = dropout(torch.softmax(scores, dim=-1), p)  # alpha_ij
         # Shaw §3.1 eq. (3): z_i = sum_j alpha_ij (x_j W^V + a^V_ij)
         return torch.matmul(attn, v) + rel.value_term(attn, index)

@@ -36,7 +36,8 @@ class LayerCache:
 def extend(past: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
     """`torch.cat((past[order], new), dim=2)` written in one copy. past: (N, H, T, D); new:
     (B*K, H, n, D); order: (B*K,) rows of past, or None for all of them in order."""
-    if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):  # out= has no autograd
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (past.requires_grad or new.requires_grad)):
+        # out= has neither autograd nor a torch.compile trace; the compiler fuses the two copies itself
         return torch.cat((past if order is None else past.index_select(0, order), new), dim=2)
     t = past.shape[2]
     out = new.new_empty(new.shape[0], new.shape[1], t + new.shape[2], new.shape[3])
