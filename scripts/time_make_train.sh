@@ -38,8 +38,7 @@ keep = Path(sys.argv[5])
 metrics = json.loads((keep / "metrics.json").read_text())
 timing = {"command": "scripts/time_make_train.sh", "commit": sys.argv[4], "hardware": hardware(),
           "make_train_seconds": end - start, "venv_seconds": built - start, "train_command_seconds": end - built,
-          "relmt_train_wall_seconds": metrics["wall_seconds"], "test_bleu": metrics["test"]["bleu"],
-          "test_long_bleu": metrics.get("test_long", {}).get("bleu")}
+          "relmt_train_wall_seconds": metrics["wall_seconds"], "test_bleu": {split: scores["bleu"] for split, scores in metrics["test"].items()}}
 (keep / "timing.json").write_text(json.dumps(timing, indent=2) + "\n")
 print(json.dumps(timing, indent=2))
 EOF
