@@ -5,7 +5,7 @@ Variants (each a fresh `Translator` from the checkpoint):
 - `eager`: relmt as it ships;
 - `compile`: `torch.compile(model.decode_step, dynamic=True)`;
 - `compile_freezing`: the same with inductor's freezing, which treats the weights as constants and
-  prepacks them for oneDNN (what `decode.compile=true` does; relmt/decode/compiled.py);
+  prepacks them for oneDNN (what `relmt-translate compile=true` does; relmt/decode/compiled.py);
 - `int8_dynamic`: `torch.ao.quantization.quantize_dynamic` on the decoder layers' nn.Linear modules
   (int8 weights, activations quantised per call; the query projection, which relmt calls through
   F.linear with 1/sqrt(d_z) folded in, and the tied output projection stay float32);
