@@ -58,8 +58,18 @@ run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kep
     fi
 }
 
-# the data cache, built once before the parallel jobs (they would wait on its lock otherwise)
-"$BIN/relmt-prepare" $(printf '%s\n' "${common[@]}" | grep -E '^(~?data[.=]|experiment=)' || true) > /dev/null
+# the data caches, built once before the parallel jobs (they would wait on the lock otherwise): one
+# relmt-prepare per distinct data setting among the selected runs (common and per-run overrides)
+data_args() { printf '%s\n' "$@" | grep -E '^(~?data[.=]|experiment=)' || true; }
+declare -A prepared=()
+for line in "${lines[@]}"; do
+    read -ra overrides <<< "${line#* }"
+    [[ $line == "${line%% *}" ]] && overrides=()
+    mapfile -t args < <(data_args "${common[@]}" "${overrides[@]}")
+    [[ -n ${prepared["${args[*]}"]:-} ]] && continue
+    prepared["${args[*]}"]=1
+    "$BIN/relmt-prepare" "${args[@]}" > /dev/null
+done
 for line in "${lines[@]}"; do
     while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || true; done
     run "$line" &

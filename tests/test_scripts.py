@@ -164,6 +164,29 @@ def test_run_queue_runs_resumes_and_keeps_the_artifacts(tmp_path):
     assert again.returncode == 0 and "done already: b_s2" in again.stdout and "a_s1" not in again.stdout
 
 
+def test_run_queue_prepares_the_data_named_by_each_run(tmp_path):
+    """A queue whose runs name their own data (scripts/queues/length.txt): the cache is prepared
+    for each run's data.dir, not for the common overrides alone (which name no folder here)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = ["the cat sits", "a dog runs", "the bird sings", "two cats sleep", "one dog barks"]
+    for split, n in (("train", 30), ("valid", 3), ("test", 3)):
+        for lang in ("en", "de"):
+            (corpus / f"{split}.{lang}").write_text("".join(words[i % 5] + "\n" for i in range(n)))
+    queue = tmp_path / "q.txt"
+    queue.write_text(
+        f"out: {tmp_path / 'runs'}\nkeep: {tmp_path / 'kept'}\n"
+        f"common: model=tiny data=text data.vocab_size=20 data.spm_model_type=word "
+        f"data.cache_dir={tmp_path / 'cache'} train.max_steps=2 train.eval_every=2 train.save_every=2 "
+        "decode.max_len_b=5\n"
+        f"c_s1 data.dir={corpus} seed=1\n")
+    env = {"BIN": str(Path(sys.executable).parent), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "run_queue.sh"), str(queue)], capture_output=True,
+                          text=True, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "kept" / "c_s1" / "metrics.json").read_text())["status"] == "completed"
+
+
 def test_toy_corpus_writes_the_splits_the_toy_runs_translate(tmp_path):
     from relmt.data.toy import generate
 
