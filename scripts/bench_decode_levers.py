@@ -240,31 +240,36 @@ def profile(opts: argparse.Namespace) -> None:
 
 
 def part(opts: argparse.Namespace) -> None:
-    """(a child of `processes`) load and warm up, wait until the epoch time --at, decode lines
-    [--start, --start + --n) of --src; print when it started and ended."""
+    """(a child of `processes`) load and warm up, say READY, wait for the parent's GO on stdin, decode
+    lines [--start, --start + --n) of --src; print when it started and ended."""
     translator = Translator.from_checkpoint(opts.checkpoint, device="cpu")
     lines = Path(opts.src).read_text(encoding="utf-8").splitlines()[opts.start: opts.start + opts.n]
     translator.translate(lines[:2], **settings(opts, opts.batch))
-    time.sleep(max(0.0, opts.at - time.time()))
+    print("READY", flush=True)
+    sys.stdin.readline()
     start = time.time()
     translator.translate(lines, **settings(opts, opts.batch))
-    print(f"SPAN {start:.6f} {time.time():.6f}")
+    print(f"SPAN {start:.6f} {time.time():.6f}", flush=True)
 
 
 def processes(opts: argparse.Namespace) -> None:
     """Throughput of the first --n lines at --batch per batch: one process with --threads threads,
     against --threads one-thread processes side by side, each decoding its share. The children load
-    and warm up, then all start decoding at one agreed time; the figure is n over the time from that
+    and warm up, then all start decoding together when the last is ready; the figure is n over the time from that
     start to the last child's end. Alternated --repeats times."""
     def run(jobs: int, threads: int) -> float:
-        share, at = -(-opts.n // jobs), time.time() + opts.head_start
+        share = -(-opts.n // jobs)
         args = ["--checkpoint", opts.checkpoint, "--src", opts.src, "--n", str(share), "--batch", str(opts.batch),
-                "--threads", str(threads), "--length", str(opts.length), "--at", str(at)]
+                "--threads", str(threads), "--length", str(opts.length)]
         children = [subprocess.Popen([sys.executable, __file__, "part", "--start", str(i * share), *args],
-                                     stdout=subprocess.PIPE, text=True) for i in range(jobs)]
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(jobs)]
+        for child in children:  # a barrier: every child has loaded and warmed up before any starts
+            if child.stdout.readline().strip() != "READY":
+                raise SystemExit(f"a child exited while loading (exit {child.wait()})")
+        for child in children:
+            child.stdin.write("GO\n")
+            child.stdin.flush()
         spans = [[float(x) for x in c.communicate()[0].split("SPAN ")[-1].split()] for c in children]
-        if min(start for start, _ in spans) > at + 1:
-            raise SystemExit("a child was still loading at the agreed start: raise --head-start")
         return opts.n / (max(end for _, end in spans) - min(start for start, _ in spans))
 
     speeds: dict[str, list[float]] = {"1 x threads": [], "threads x 1": []}
@@ -288,8 +293,6 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=VARIANTS)
     parser.add_argument("--n", type=int, default=500)
     parser.add_argument("--start", type=int, default=0)
-    parser.add_argument("--at", type=float, default=0.0)
-    parser.add_argument("--head-start", type=float, default=20.0, help="processes: seconds to load before starting")
     parser.add_argument("--n1", type=int, default=50)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
