@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relmt.report.claims import check_claims
+from relmt.report.controls import controls_table, split_variants, stages_table
 from relmt.report.curves import learning_curves
 from relmt.report.runs import ReportError, Run, find_run_dirs, read_runs
 from relmt.report.significance import compare_group
@@ -27,10 +28,16 @@ class Report:
 
 def group_runs(runs: list[Run]) -> list[Group]:
     """Groups by data set, model preset and recorded training-length cutoff, ordered by data name, then
-    model width, then preset name."""
+    model width, then preset name. A group's controlled-experiment runs go to its variants (a group of
+    variants only keeps them as its runs)."""
     keys = sorted({(r.data, r.d_model, r.model, r.train_max_words or 0) for r in runs})
-    return [Group(data, model, [r for r in runs if (r.data, r.d_model, r.model, r.train_max_words or 0) == k])
-            for k in keys for data, _, model, _ in [k]]
+    groups = []
+    for k in keys:
+        data, _, model, _ = k
+        members = [r for r in runs if (r.data, r.d_model, r.model, r.train_max_words or 0) == k]
+        standard, variants = split_variants(members)
+        groups.append(Group(data, model, standard, variants=variants) if standard else Group(data, model, members))
+    return groups
 
 
 def parse_refs(values: list[str]) -> dict[str | None, Path]:
@@ -58,6 +65,8 @@ def analyse(group: Group, refs: dict[str | None, Path], n_samples: int) -> Group
         group.significance = compare_group(group, group.refs, n_samples)
     group.curves = learning_curves(positions_runs(group))
     group.claims = check_claims(group)
+    group.controls = controls_table(group.runs, group.variants, group.splits, group.k_default, group.refs, n_samples)
+    group.stages = stages_table(group.runs + group.variants, group.k_default)
     return group
 
 

@@ -53,7 +53,8 @@ def report_json(report: Report) -> dict:
                "paper_numbers": g.numbers.value, "d_model": g.runs[0].d_model, "k_default": g.k_default,
                "splits": g.splits, "main_split": g.main_split, "seeds": seeds_of(g.runs),
                "runs": [str(r.path) for r in g.runs], "tables": g.tables, "significance": g.significance,
-               "curves": g.curves, "claims": g.claims} for g in report.groups]
+               "curves": g.curves, "claims": g.claims, "variants": [str(r.path) for r in g.variants],
+               "controls": g.controls, "stages": g.stages} for g in report.groups]
     doc = {"title": report.title, "command": report.command, "sources": report.sources,
            "seeds": seeds_of(report.runs), "runs": report.runs,
            "refs": {data or "*": folder for data, folder in report.refs.items()},

@@ -6,6 +6,7 @@ from relmt.report import paper
 from relmt.report.aggregate import key, seeds_of, tok
 from relmt.report.build import Report
 from relmt.report.claims import THRESHOLDS_NOTE, VERDICTS, Claim
+from relmt.report.controls import md_controls, md_stages
 from relmt.report.curves import best, sampled
 from relmt.report.repeats import md_repeats, repeats_table
 from relmt.report.tables import TOKENIZED, Group
@@ -199,7 +200,9 @@ def md_group(group: Group, report: Report, name: str) -> str:
     beams = sorted({r.beam for r in group.runs if r.beam is not None})
     kd = (f"k_default = {group.k_default} (the most common k among rel runs with a^K and a^V on; "
           "Tables 1 and 3 use it)") if group.k_default is not None else "no rel run with a^K and a^V on"
-    about = (f"{plural(len(group.runs), 'run')}; seeds {', '.join(map(str, seeds_of(group.runs))) or DASH}; "
+    variants = (f" and {plural(len(group.variants), 'run')} of controlled experiments (below)"
+                if group.variants else "")
+    about = (f"{plural(len(group.runs), 'run')}{variants}; seeds {', '.join(map(str, seeds_of(group.runs))) or DASH}; "
              f"beam {', '.join(map(str, beams)) or DASH}; {kd}.")
     guessed = sum(r.model_guessed for r in group.runs)
     if guessed == len(group.runs):
@@ -223,7 +226,7 @@ def md_group(group: Group, report: Report, name: str) -> str:
     parts += [s for s in (md_repeats(repeats_table(group)),) if s]
     if group.tables["length"]:
         parts.append(md_length(group.tables["length"]))
-    parts += [s for s in (md_curves(group, name),) if s]
+    parts += [s for s in (md_curves(group, name), md_stages(group.stages), md_controls(group.controls)) if s]
     if not any(group.tables.values()):
         parts.append("No run of this group fits any table.")
     return "\n\n".join(parts)

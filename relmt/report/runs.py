@@ -57,6 +57,8 @@ class Run:
     wall_seconds: float | None = None
     device: str | None = None
     threads: int | None = None
+    updates: int | None = None  # train.max_steps
+    frozen: tuple[str, ...] = ()  # train.freeze: parameter patterns kept at their initial values
 
     @property
     def full_rel(self) -> bool:
@@ -164,7 +166,8 @@ def load_run(path: Path) -> Run:
                source_splits={str(k): str(v) for k, v in (data.get("splits") or {}).items()},
                train_max_words=train_max_words(data), curve=read_curve(path / "metrics.jsonl"),
                wall_seconds=metrics.get("wall_seconds"), device=train.get("device"),
-               threads=train.get("num_threads"))
+               threads=train.get("num_threads"), updates=train.get("max_steps"),
+               frozen=tuple(str(p) for p in train.get("freeze") or ()))
 
 
 def read_runs(dirs: list[Path]) -> tuple[list[Run], list[tuple[Path, str]]]:

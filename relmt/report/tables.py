@@ -36,6 +36,9 @@ class Group:
     significance: list = field(default_factory=list)  # relmt.report.significance.Comparison
     curves: dict | None = None
     claims: list = field(default_factory=list)  # relmt.report.claims.Claim
+    variants: list[Run] = field(default_factory=list)  # runs outside Tables 1-3 (relmt.report.controls)
+    controls: dict | None = None
+    stages: dict | None = None
 
     @property
     def train_max_words(self) -> int | None:

@@ -8,9 +8,12 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relmt.report.aggregate import Stat, seeds_of
-from relmt.report.build import Report
+
+if TYPE_CHECKING:  # build imports the analyses, which render with these blocks
+    from relmt.report.build import Report
 
 DASH = "–"
 
