@@ -213,10 +213,13 @@ def test_resumed_run_equals_uninterrupted(tmp_path):
     full = tiny_config(tmp_path, "full", "train.max_steps=8", "train.save_every=4", "train.eval_every=4")
     loop_module.train(full)
     first = tiny_config(tmp_path, "split", "train.max_steps=4", "train.save_every=4", "train.eval_every=4")
-    loop_module.train(first)
+    first_wall = loop_module.train(first)["wall_seconds"]
     second = tiny_config(tmp_path, "split", "train.max_steps=8", "train.save_every=4", "train.eval_every=4",
                          "train.resume=true")
-    loop_module.train(second)
+    second_wall = loop_module.train(second)["wall_seconds"]
+    # wall time sums the sessions: the first one's, up to its checkpoint, carries into the second's
+    saved = checkpoint.load(tmp_path / "split/checkpoints/step_4.pt")["state"]["wall_seconds"]
+    assert 0 < saved <= first_wall and second_wall > saved
     a, b = train_records(tmp_path / "full"), train_records(tmp_path / "split")
     assert sorted(a) == sorted(b) == list(range(1, 9))
     for step in range(1, 9):

@@ -214,6 +214,11 @@ def train(cfg: Config) -> dict:
     elif source is not None:  # fine-tuning: the weights only; optimizer, schedule and data position are fresh
         state.init_from = init.load_weights(source, model, spm)
         source = None
+    wall_before = state.wall_seconds  # earlier sessions of a resumed run, up to the checkpoint
+
+    def wall() -> float:
+        return wall_before + time.perf_counter() - t_start
+
     ddp = DistributedDataParallel(model) if dist.world_size > 1 else None
     net = torch.compile(ddp or model) if tcfg.compile else (ddp or model)
     run_log = open_run_log(out, state.step, ck_path is not None) if dist.is_main else None
@@ -263,10 +268,11 @@ def train(cfg: Config) -> dict:
             if (finished(state, tcfg) or interrupted) and "last.pt" not in names:
                 names.append("last.pt")
             if names:
+                state.wall_seconds = wall()
                 resume.save_checkpoints(ckpt_dir, names, model, optimizer, scaler, state, cfg, spm, dist)
     bar.close()
 
-    metrics = finish.summary(state, finished(state, tcfg), out, n_params, time.perf_counter() - t_start, valid,
+    metrics = finish.summary(state, finished(state, tcfg), out, n_params, wall(), valid,
                              tcfg.best_metric, stopped_early(state, tcfg))
     if dist.world_size > 1:
         metrics["ddp_params_in_sync"] = finish.params_in_sync(model, dist)

@@ -40,6 +40,7 @@ class TrainState:
     bad_in_row: int = 0
     bad_total: int = 0
     train_seconds: float = 0.0
+    wall_seconds: float = 0.0  # the run's wall time up to its last checkpoint, summed over resumed sessions
     src_tokens: int = 0
     tgt_tokens: int = 0
     init_from: dict | None = None  # the checkpoint that seeded the run (train.init_from): path, step, checksum
