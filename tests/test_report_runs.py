@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,14 @@ def test_length_filtered_runs_form_a_group_of_their_own(tmp_path):
     md = buf.getvalue()
     assert "## multi30k_text, mmt_tiny model (d_model 128)\n\n2 runs;" in md  # 0 = no filter
     assert "## multi30k_text, mmt_tiny model (d_model 128; training sources ≤ 14 words)\n\n1 run;" in md
+
+
+def test_a_run_resumed_before_wall_time_summed_sessions_counts_its_update_time(tmp_path):
+    """Such a run's wall_seconds is its last session only; its train_seconds (update steps, summed
+    over sessions) is the better figure, and the report takes the larger."""
+    run = write_run(tmp_path / "r", config(1, "rel"), {"test": {"bleu": 30.0}})
+    metrics = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps({**metrics, "wall_seconds": 1800.0, "train_seconds": 5400.0}))
+    assert load_run(run).hours == 1.5
+    (run / "metrics.json").write_text(json.dumps({**metrics, "wall_seconds": 7200.0, "train_seconds": 5400.0}))
+    assert load_run(run).hours == 2.0

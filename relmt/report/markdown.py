@@ -211,7 +211,7 @@ def md_group(group: Group, report: Report, name: str) -> str:
     elif guessed:
         about += (f" For {guessed} of the {len(group.runs)} runs the model preset \"{group.model}\" is guessed from "
                   "d_model (their config.yaml predates model.name).")
-    hours = [r.wall_seconds / 3600 for r in group.runs if r.wall_seconds]
+    hours = [r.hours for r in group.runs if r.hours]
     if hours:
         threads = sorted({str(r.threads or "default") for r in group.runs})
         span = f"{min(hours):.1f}" + (f"–{max(hours):.1f}" if f"{min(hours):.1f}" != f"{max(hours):.1f}" else "")

@@ -55,10 +55,18 @@ class Run:
     train_max_words: int | None = None  # longest training source in words, if the config records it
     curve: list[tuple[int, float]] = field(default_factory=list)  # (update, valid sacreBLEU)
     wall_seconds: float | None = None
+    train_seconds: float | None = None  # time in update steps, summed over resumed sessions
     device: str | None = None
     threads: int | None = None
     updates: int | None = None  # train.max_steps
     frozen: tuple[str, ...] = ()  # train.freeze: parameter patterns kept at their initial values
+
+    @property
+    def hours(self) -> float | None:
+        """Wall time in hours; at least the update steps' time, which a run resumed before metrics.json
+        summed wall time over sessions (it kept the last session's) still sums."""
+        seconds = max(self.wall_seconds or 0.0, self.train_seconds or 0.0)
+        return seconds / 3600 if seconds else None
 
     @property
     def full_rel(self) -> bool:
@@ -165,8 +173,8 @@ def load_run(path: Path) -> Run:
                test_rule=checkpoint_rule(cfg, metrics), src=data.get("src"), tgt=data.get("tgt"),
                source_splits={str(k): str(v) for k, v in (data.get("splits") or {}).items()},
                train_max_words=train_max_words(data), curve=read_curve(path / "metrics.jsonl"),
-               wall_seconds=metrics.get("wall_seconds"), device=train.get("device"),
-               threads=train.get("num_threads"), updates=train.get("max_steps"),
+               wall_seconds=metrics.get("wall_seconds"), train_seconds=metrics.get("train_seconds"),
+               device=train.get("device"), threads=train.get("num_threads"), updates=train.get("max_steps"),
                frozen=tuple(str(p) for p in train.get("freeze") or ()))
 
 
