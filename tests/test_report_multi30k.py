@@ -207,6 +207,6 @@ def test_bleu_with_and_without_a_repeated_source_word(multi30k):
     md = multi30k[0]
     text = section(md, "### BLEU with and without a repeated source word")
     table = text[text.index("test:"):text.index("test_2017_flickr:")]
-    assert "| positions | repeated word (40 sentences) | no repeated word (0 sentences) |" in table
+    assert "| configuration | repeated word (40 sentences) | no repeated word (0 sentences) |" in table
     assert re.search(r"^\| rel \| 100\.00 ± 0\.00 \(3\) \| – \|$", table, flags=re.M), table
     assert re.search(r"^\| abs \| \d\.\d\d ± \d\.\d\d \(3\) \| – \|$", table, flags=re.M), table

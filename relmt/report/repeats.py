@@ -15,8 +15,9 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU
 
 from relmt.report.aggregate import Stat, aggregate
+from relmt.report.controls import configurations, usual_updates
 from relmt.report.runs import read_lines
-from relmt.report.tables import Group, positions_runs
+from relmt.report.tables import Group
 from relmt.report.text import DASH, md_table
 
 SUBSETS = ("repeated word", "no repeated word")
@@ -28,13 +29,16 @@ def has_repeat(sentence: str) -> bool:
 
 
 def repeats_table(group: Group) -> dict | None:
-    """{split: {positions: {subset: Stat}}, plus sentence counts}, for splits whose sources and
-    references are in group.refs; None without a reference folder or translations."""
+    """{split: {configuration: {subset: Stat}}, plus sentence counts}, for splits whose sources and
+    references are in group.refs; every configuration with translations (Tables 1-3 and the controlled
+    experiments: a^K alone is one suspect); None without a reference folder or translations."""
     if group.refs is None:
         return None
     out: dict[str, dict] = {}
+    every = group.runs + group.variants
+    updates = usual_updates(every)
     for split in group.splits:
-        runs = [r for r in positions_runs(group) if r.translations(split) and r.translations(split).is_file()]
+        runs = [r for r in every if r.translations(split) and r.translations(split).is_file()]
         src_file, ref_file = (Path(group.refs) / f"{group.runs[0].source_splits.get(split, split)}.{lang}"
                               for lang in (group.runs[0].src, group.runs[0].tgt))
         if not runs or not src_file.is_file() or not ref_file.is_file():
@@ -42,14 +46,12 @@ def repeats_table(group: Group) -> dict | None:
         sources, refs = read_lines(src_file), read_lines(ref_file)
         members = {s: [i for i, x in enumerate(sources) if has_repeat(x) == (s == SUBSETS[0])] for s in SUBSETS}
         rows: dict[str, dict[str, Stat | None]] = {}
-        for positions in ("abs", "rel", "both"):
-            chosen = [r for r in runs if r.positions == positions]
-            if not chosen:
-                continue
+        for setting, chosen in configurations(runs).items():
             hyps = [read_lines(r.translations(split)) for r in chosen]
-            rows[positions] = {s: aggregate(BLEU().corpus_score([h[i] for i in idx], [[refs[i] for i in idx]]).score
-                                            for h in hyps if len(h) == len(refs)) if idx else None
-                               for s, idx in members.items()}
+            rows[setting.label(group.k_default, updates)] = {
+                s: aggregate(BLEU().corpus_score([h[i] for i in idx], [[refs[i] for i in idx]]).score
+                             for h in hyps if len(h) == len(refs)) if idx else None
+                for s, idx in members.items()}
         out[split] = {"rows": rows, "sentences": {s: len(idx) for s, idx in members.items()}}
     return out or None
 
@@ -58,10 +60,10 @@ def md_repeats(table: dict | None) -> str | None:
     if not table:
         return None
     parts = ["### BLEU with and without a repeated source word",
-             "sacreBLEU of each position strategy (mean ± std over seeds) on the test sentences whose source "
+             "sacreBLEU of each configuration (mean ± std over seeds) on the test sentences whose source "
              "repeats a word and on the others (relmt/report/repeats.py says why)."]
     for split, t in table.items():
-        header = ["positions", *(f"{s} ({t['sentences'][s]} sentences)" for s in SUBSETS)]
+        header = ["configuration", *(f"{s} ({t['sentences'][s]} sentences)" for s in SUBSETS)]
         rows = [[p, *(str(v[s]) if v[s] is not None else DASH for s in SUBSETS)] for p, v in t["rows"].items()]
         parts += [f"{split}:", md_table(header, rows)]
     return "\n\n".join(parts)
