@@ -271,3 +271,29 @@ def test_perf_levers_rewrites_only_its_section_from_the_committed_measurements(t
                   "1-thread processes", "training step", "in place", "oneDNN"):
         assert lever in section
     assert section.count("\n| ") == 1 + 10  # the header and one row per lever
+
+
+def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
+    """scripts/reproduction_reports.py: one report per queue with a finished run, titled with how many
+    of the queue's runs are in; a queue without one leaves its report alone."""
+    from tests.report_runs import SPLITS, config, hypotheses, scores, write_refs, write_run
+
+    refs = write_refs(tmp_path / "refs")
+    queues = tmp_path / "queues"
+    queues.mkdir()
+    for name in ("multi30k_tables", "length", "toy_converged"):
+        runs = "".join(f"{p}_s1 model.positions={p} seed=1\n" for p in ("abs", "rel", "both"))
+        kept = tmp_path / "kept" / name
+        (queues / f"{name}.txt").write_text(f"out: {tmp_path / 'runs' / name}\nkeep: {kept}\n{runs}")
+    for positions in ("abs", "rel"):  # 2 of the 3 Multi30k runs
+        hyps = {s: hypotheses(s, positions, 1, refs[s]) for s in SPLITS}
+        write_run(tmp_path / "kept" / "multi30k_tables" / f"{positions}_s1", config(1, positions),
+                  {s: scores(hyps[s], refs[s]) for s in SPLITS}, {"bleu": 30.0}, translations=hyps)
+    out = run_script("reproduction_reports.py", "--queues", str(queues), "--out", str(tmp_path / "out"),
+                     "--multi30k", str(tmp_path / "refs"), "--toy-text", str(tmp_path / "toy_text"),
+                     "--bootstrap-samples", "50").stdout
+    assert "multi30k: 2 of 3 runs" in out and "length: no finished run" in out and "toy: no finished run" in out
+    md = (tmp_path / "out" / "multi30k.md").read_text()
+    assert md.startswith("# Shaw et al. on Multi30k EN→DE, 2 CPU cores (in progress: 2 of 3 runs)\n")
+    assert "### Significance: paired bootstrap, seed by seed" in md and "50 resamples" in md
+    assert not (tmp_path / "out" / "length.md").exists() and not (tmp_path / "toy_text").exists()

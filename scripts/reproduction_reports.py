@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Regenerate the reproduction reports of issue 12 from the committed runs, in one command:
+docs/results/multi30k.md (Tables 1-3), docs/results/length.md and docs/results/toy.md.
+
+Each report reads the kept runs of its queue (the `keep:` folder of scripts/queues/*.txt) with
+relmt-report, and its title says how many of the queue's runs are in, so a report made mid-way says
+so. A report whose queue has no finished run yet is left alone. The references for the paired tests:
+the Multi30k folder (--multi30k, default ../shared/data/multi30k: this project's machines), the
+Europarl split (--europarl, made by scripts/split_corpus.py) and the toy splits (--toy-text, written
+by scripts/toy_corpus.py when missing).
+
+    python scripts/reproduction_reports.py            # after scripts/run_queue.sh has kept new runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from relmt.report.cli import main as relmt_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Queue:
+    path: Path
+    keep: Path
+    names: list[str]
+
+    def done(self) -> list[str]:
+        return [n for n in self.names if (self.keep / n / "metrics.json").is_file()]
+
+
+def read_queue(path: Path) -> Queue:
+    """The run names and the keep: folder of a run_queue.sh queue file (a relative one: to the repo)."""
+    keep, names = None, []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or line.startswith(("common:", "out:")):
+            continue
+        if line.startswith("keep:"):
+            keep = Path(line[len("keep:"):].strip())
+            continue
+        names.append(line.split()[0])
+    if keep is None:
+        raise SystemExit(f"{path}: no 'keep:' line")
+    return Queue(path, keep, names)
+
+
+def progress(queue: Queue) -> str:
+    done = len(queue.done())
+    return "" if done == len(queue.names) else f" (in progress: {done} of {len(queue.names)} runs)"
+
+
+def command(queue: Queue) -> str:
+    path = queue.path.resolve()
+    return f"scripts/run_queue.sh {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"
+
+
+def reference_args(refs: list[str]) -> list[str]:
+    """--refs arguments for the folders that exist ("DIR" or "DATA=DIR"); a missing one is said, and
+    that report then has no paired tests for its data."""
+    out = []
+    for ref in refs:
+        folder = Path(ref.split("=", 1)[-1])
+        if folder.is_dir():
+            out += ["--refs", ref]
+        else:
+            print(f"  {folder}: no such folder, so no paired tests against it")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--queues", type=Path, default=Path("scripts/queues"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument("--multi30k", type=Path, default=Path("../shared/data/multi30k"))
+    parser.add_argument("--europarl", type=Path, default=Path("data/europarl20k_split"))
+    parser.add_argument("--toy-text", type=Path, default=Path("data/toy_text"))
+    parser.add_argument("--bootstrap-samples", default="1000")
+    opts = parser.parse_args(argv)
+    os.chdir(ROOT)  # relative paths, here and in queue files, are the repo's; the reports quote them as given
+    reports = {  # name: (queue file, references, title)
+        "multi30k": ("multi30k_tables.txt", [str(opts.multi30k)], "Shaw et al. on Multi30k EN→DE, 2 CPU cores"),
+        "length": ("length.txt", [f"multi30k_text={opts.multi30k}", f"europarl20k_split={opts.europarl}"],
+                   "Length generalisation on real sentences: Multi30k and Europarl EN→DE, 2 CPU cores"),
+        "toy": ("toy_converged.txt", [str(opts.toy_text)], "Toy corpus trained to convergence"),
+    }
+    status = 0
+    for name, (queue_file, refs, title) in reports.items():
+        queue = read_queue(opts.queues / queue_file)
+        if not queue.done():
+            print(f"{name}: no finished run of {queue_file} yet; {name}.md left as it is")
+            continue
+        if name == "toy" and not opts.toy_text.is_dir():
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "toy_corpus.py"), str(opts.toy_text)], check=True)
+        args = [str(queue.keep), "--out", str(opts.out), "--name", name, "--bootstrap-samples", opts.bootstrap_samples,
+                *reference_args(refs), "--title", title + progress(queue), "--command", command(queue)]
+        with contextlib.redirect_stdout(io.StringIO()):  # relmt-report prints the whole markdown
+            code = relmt_report(args)
+        print(f"{name}: {len(queue.done())} of {len(queue.names)} runs -> {opts.out / (name + '.md')} (exit {code})")
+        status = status or code
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
