@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Regenerate the reproduction reports of issue 12 from the committed runs, in one command:
-docs/results/multi30k.md (Tables 1-3), docs/results/length.md and docs/results/toy.md.
+docs/results/multi30k.md (Tables 1-3), docs/results/length.md and docs/results/toy.md, and
+docs/results/claims.md, every claim of the three in one table.
 
 Each report reads the kept runs of its queue (the `keep:` folder of scripts/queues/*.txt) with
 relmt-report, and its title says how many of the queue's runs are in, so a report made mid-way says
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +79,40 @@ def reference_args(refs: list[str]) -> list[str]:
     return out
 
 
+def claim_rows(name: str, doc: dict) -> list[list[str]]:
+    """[claim, data, test set, verdict, measured] for every claim of a report's JSON."""
+    items = [(g["data"], c) for g in doc.get("groups", []) for c in g.get("claims", [])]
+    if name == "length":  # the length report's one claim per group lives under "length"
+        items = [(i["group"], i["claim"]) for i in doc.get("length", []) if i.get("claim")]
+    rows = []
+    for data, c in items:
+        measured = ", ".join(f"{k} {v:.2f}" for k, v in c["measured"].items())
+        rows.append([c["name"], data, c.get("split") or "–", f"**{c['verdict']}**", measured])
+    return rows
+
+
+def write_claims(out: Path, names: list[str], done: dict[str, str]) -> Path:
+    """claims.md: every claim of the reports in one table, with links to the reports that state the
+    criteria and the tests."""
+    rows, sources = [], []
+    for name in names:
+        path = out / f"{name}.json"
+        if not path.is_file():
+            continue
+        rows += [[f"[{name}]({name}.md)", *row] for row in claim_rows(name, json.loads(path.read_text()))]
+        sources.append(f"[{name}.md]({name}.md) ({done.get(name, 'as committed')})")
+    header = ["report", "claim", "data", "test set", "verdict", "measured (means over seeds)"]
+    table = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                      + ["| " + " | ".join(r) + " |" for r in rows])
+    text = ("# The paper's claims at a glance\n\n"
+            "Every claim checked by the reproduction reports, one row per claim, data set and test set. Each report "
+            "states its criteria, the paired bootstrap tests and the verdict rules (held, did not hold, not "
+            f"significant). From: {', '.join(sources) or 'no report yet'}.\n\n"
+            "Made by `python scripts/reproduction_reports.py`.\n\n" + table + "\n")
+    (out / "claims.md").write_text(text)
+    return out / "claims.md"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queues", type=Path, default=Path("scripts/queues"))
@@ -93,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                    "Length generalisation on real sentences: Multi30k and Europarl EN→DE, 2 CPU cores"),
         "toy": ("toy_converged.txt", [str(opts.toy_text)], "Toy corpus trained to convergence"),
     }
-    status = 0
+    status, done = 0, {}
     for name, (queue_file, refs, title) in reports.items():
         queue = read_queue(opts.queues / queue_file)
+        done[name] = f"{len(queue.done())} of {len(queue.names)} runs"
         if not queue.done():
             print(f"{name}: no finished run of {queue_file} yet; {name}.md left as it is")
             continue
@@ -107,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             code = relmt_report(args)
         print(f"{name}: {len(queue.done())} of {len(queue.names)} runs -> {opts.out / (name + '.md')} (exit {code})")
         status = status or code
+    print(f"claims: {write_claims(opts.out, list(reports), done)}")
     return status
 
 
