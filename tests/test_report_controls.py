@@ -8,7 +8,7 @@ import json
 import pytest
 
 from relmt.report.cli import main
-from relmt.report.controls import Setting, split_variants, usual_updates
+from relmt.report.controls import Setting, split_variants, stages_table, tail_range, usual_updates
 from relmt.report.runs import find_run_dirs, read_runs
 from tests.report_runs import config, corrupt, scores, write_refs, write_run
 
@@ -90,7 +90,17 @@ def test_the_report_sets_each_variant_beside_its_controls(toy_like):
     assert "### Controlled experiments: the runs outside Tables 1-3" in md
     assert "| difference (variant − rel, a^K only) |  | +30.00 |" in md  # valid: 91.5 against 61.5
     assert "- against rel, a^K only: test: 2 of 2 seed pairs significant (2 ahead, 0 behind)" in md
-    assert "| rel, a^K only, 16000 updates | 1, 2 | 51.50 ± 0.71 (2) | 91.50 ± 0.71 (2) | +40.00 |" in md
+    # the fabricated curves jump from update 400 to the last: one validation in the last 20%, no range
+    assert "| rel, a^K only, 16000 updates | 1, 2 | 51.50 ± 0.71 (2) | 91.50 ± 0.71 (2) | +40.00 | – | – |" in md
+
+
+def test_converged_means_flat_over_the_last_fifth_of_the_updates(tmp_path):
+    run = write_run(tmp_path / "r", config(1, "rel"), {"test": {"bleu": 1.0}},
+                    curve=[(400, 50.0), (3200, 90.0), (3600, 91.5), (4000, 90.8)])
+    (loaded,) = read_runs([run])[0]
+    assert tail_range(loaded) == pytest.approx(1.5)  # 3200-4000: updates ≥ 80% of 4000
+    stages = stages_table([loaded], 16)
+    assert stages["rows"][0]["flat"] is False and stages["rows"][0]["tail_range"] == pytest.approx(1.5)
 
 
 def test_a_group_of_variants_only_keeps_them_as_its_runs(toy_like):

@@ -143,17 +143,38 @@ def controls_table(runs: list[Run], variants: list[Run], splits: list[str], k_de
     return {"updates": updates, "splits": splits, "rows": rows}
 
 
+FLAT_SHARE = 0.2  # issue 12: converged = valid BLEU flat over the last 20% of updates
+FLAT_RANGE = 1.0  # our threshold for "flat": max - min of valid BLEU over that stretch, in BLEU
+
+
+def tail_range(run: Run) -> float | None:
+    """max − min of the run's validation BLEU over its last FLAT_SHARE of updates (at least two
+    validations there), else None."""
+    if not run.curve:
+        return None
+    last = max(step for step, _ in run.curve)
+    tail = [bleu for step, bleu in run.curve if step >= (1 - FLAT_SHARE) * last]
+    return max(tail) - min(tail) if len(tail) >= 2 else None
+
+
 def stages_table(runs: list[Run], k_default: int | None) -> dict | None:
-    """Every configuration's validation BLEU at the first validation every run has and at the end."""
+    """Every configuration's validation BLEU at the first validation every run has and at the end,
+    and whether its runs converged: valid BLEU flat (range ≤ FLAT_RANGE) over the last FLAT_SHARE."""
     first = first_validation(runs)
     if first is None:
         return None
     updates = usual_updates(runs)
-    rows = [{"label": setting.label(k_default, updates), "seeds": seeds_of(members),
-             "first": aggregate(curve_at(r, first) for r in members),
-             "final": aggregate(r.score("valid") for r in members)}
-            for setting, members in configurations(runs).items()]
-    return {"first_update": first, "updates": updates, "rows": rows}
+    rows = []
+    for setting, members in configurations(runs).items():
+        ranges = [tail_range(r) for r in members]
+        known = [x for x in ranges if x is not None]
+        rows.append({"label": setting.label(k_default, updates), "seeds": seeds_of(members),
+                     "first": aggregate(curve_at(r, first) for r in members),
+                     "final": aggregate(r.score("valid") for r in members),
+                     "tail_range": max(known) if known else None,
+                     "flat": all(x <= FLAT_RANGE for x in known) if known else None})
+    return {"first_update": first, "updates": updates, "flat_share": FLAT_SHARE, "flat_range": FLAT_RANGE,
+            "rows": rows}
 
 
 def difference(a: Stat | None, b: Stat | None) -> str:
@@ -203,11 +224,15 @@ def md_controls(table: dict | None) -> str | None:
 def md_stages(table: dict | None) -> str | None:
     if not table:
         return None
-    first = table["first_update"]
+    first, share = table["first_update"], round(100 * table["flat_share"])
     rows = [[r["label"], ", ".join(map(str, r["seeds"])) or DASH, fmt(r["first"]), fmt(r["final"]),
-             difference(r["final"], r["first"])] for r in table["rows"]]
+             difference(r["final"], r["first"]), DASH if r["tail_range"] is None else f"{r['tail_range']:.2f}",
+             {True: "yes", False: "**no**", None: DASH}[r["flat"]]] for r in table["rows"]]
     return ("### Validation BLEU at the first validation and at the end, every configuration\n\n"
             f"Whether a short run's ranking survives training to convergence: each configuration's validation "
             f"sacreBLEU after {first} updates (the first validation every run has) and after its last update, "
-            "mean ± std (n seeds).\n\n"
-            + md_table(["configuration", "seeds", f"valid at update {first}", "valid at the end", "gain"], rows))
+            f"mean ± std (n seeds). Converged means valid BLEU flat over the last {share}% of the updates: its "
+            f"range there (max − min, the largest over seeds) at most {table['flat_range']:.1f} BLEU, our "
+            "threshold.\n\n"
+            + md_table(["configuration", "seeds", f"valid at update {first}", "valid at the end", "gain",
+                        f"range over the last {share}%", "flat"], rows))
