@@ -158,12 +158,14 @@ def tail_range(run: Run) -> float | None:
 
 
 def stages_table(runs: list[Run], k_default: int | None) -> dict | None:
-    """Every configuration's validation BLEU at the first validation every run has and at the end,
+    """Every configuration's validation BLEU at the first validation every run of the usual length has
+    (– for a run without it) and at the end,
     and whether its runs converged: valid BLEU flat (range ≤ FLAT_RANGE) over the last FLAT_SHARE."""
-    first = first_validation(runs)
+    updates = usual_updates(runs)
+    # the runs of the usual length decide the update (a run trained longer may validate less often)
+    first = first_validation([r for r in runs if r.updates == updates])
     if first is None:
         return None
-    updates = usual_updates(runs)
     rows = []
     for setting, members in configurations(runs).items():
         ranges = [tail_range(r) for r in members]
