@@ -92,7 +92,7 @@ def test_cutoff_from_the_config_wins_and_without_refs_means_decide(tmp_path, ref
     assert row(md, "11-20").startswith("| 11-20 | 10 | yes |")
     assert "No paired test: the report was built without `--refs DIR`, the folder of the reference files" in md
     assert "Criterion: the mean over the 1 bucket longer than training (> 20 words) of mean BLEU(rel) − mean " \
-           "BLEU(abs) ≥ 0. Measured: mean rel − abs 10.00." in md
+           "BLEU(abs) ≥ 0. Measured: mean rel − abs 10.00, mean rel − abs in % of abs 46.51." in md
 
 
 def test_not_significant_when_rel_leads_by_one_sentence(tmp_path, refs):

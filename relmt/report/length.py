@@ -65,11 +65,17 @@ def cutoff(group: Group, cutoffs: dict[str | None, int]) -> tuple[int | None, st
 def unseen_claim(item: LengthGroup) -> Claim | None:
     """rel ≥ abs on the buckets longer than training, confirmed on those sentences pooled by the paired test."""
     rows = [r for r in (item.table or {}).get("rows", []) if r.get("seen_in_training") == "no"]
-    diffs = [r["bleu"]["rel"].mean - r["bleu"]["abs"].mean for r in rows
+    pairs = [(r["bleu"]["rel"].mean, r["bleu"]["abs"].mean) for r in rows
              if isinstance(r["bleu"].get("rel"), Stat) and isinstance(r["bleu"].get("abs"), Stat)]
-    if not diffs:
+    if not pairs:
         return None
+    diffs = [rel - abs_ for rel, abs_ in pairs]
     mean_diff = sum(diffs) / len(diffs)
+    # Rosendahl et al. (2019) state their gains relative to abs: 4.4-11.9% on sentences longer than training
+    gains = [100 * (rel - abs_) / abs_ for rel, abs_ in pairs if abs_ > 0]
+    measured = {"mean rel − abs": mean_diff}
+    if gains:
+        measured["mean rel − abs in % of abs"] = sum(gains) / len(gains)
     c = next((c for c in item.significance if (c.baseline, c.system) == ("abs", "rel") and c.tests), None)
     verdict = NOT_HELD if mean_diff < -EPS else HELD if c is None or c.mostly(+1) else NOT_SIGNIFICANT
     criterion = (f"the mean over the {plural(len(diffs), 'bucket')} longer than training (> {item.max_words} words) "
@@ -78,9 +84,9 @@ def unseen_claim(item: LengthGroup) -> Claim | None:
         criterion += ", and rel significantly ahead on those sentences on more than half of the seed pairs"
     return Claim("rel ≥ abs on sentences longer than any in training",
                  f"BLEU by length, {item.group.data}, {item.group.model} model", criterion,
-                 {"mean rel − abs": mean_diff}, verdict, None, describe(c) if c else None,
+                 measured, verdict, None, describe(c) if c else None,
                  "relative positions clipped at k generalise to lengths not seen in training (§3.2, argued, "
-                 "not measured)")
+                 "not measured); Rosendahl et al. (2019) measured rel 4.4–11.9% above abs there")
 
 
 def build_length_report(sources: list[str], title: str, command: str | None, cutoffs: dict[str | None, int],
