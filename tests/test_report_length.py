@@ -91,8 +91,9 @@ def test_cutoff_from_the_config_wins_and_without_refs_means_decide(tmp_path, ref
     assert "(trained on sources of at most 20 words: the runs' config)" in md
     assert row(md, "11-20").startswith("| 11-20 | 10 | yes |")
     assert "No paired test: the report was built without `--refs DIR`, the folder of the reference files" in md
-    assert "Criterion: the mean over the 1 bucket longer than training (> 20 words) of mean BLEU(rel) − mean " \
-           "BLEU(abs) ≥ 0. Measured: mean rel − abs 10.00, mean rel − abs in % of abs 46.51." in md
+    assert "Criterion: the mean over the 1 bucket longer than training (> 20 words), weighted by their sentences, " \
+           "of mean BLEU(rel) − mean BLEU(abs) ≥ 0. Measured: mean rel − abs 10.00, mean rel − abs in % of abs " \
+           "46.51." in md
 
 
 def test_not_significant_when_rel_leads_by_one_sentence(tmp_path, refs):
@@ -149,3 +150,23 @@ def test_refs_per_data_set(tmp_path, refs):
             "europarl20k_split=DIR` or a plain `--refs DIR`).") in europarl
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--name", "length",
                  "--refs", f"multi30k_text={tmp_path / 'nowhere'}"]) == 2
+
+
+def test_the_unseen_buckets_count_by_their_sentences():
+    """A bucket of 2 sentences where rel is far behind does not outweigh one of 100 where it is ahead:
+    (100·10 + 2·(−50)) / 102 = 8.82 BLEU, and 900 / (100·20 + 2·50) = 42.86% of abs."""
+    from types import SimpleNamespace
+
+    from relmt.report.aggregate import Stat
+    from relmt.report.length import LengthGroup, unseen_claim
+
+    def row(bucket, n, seen, rel, abs_):
+        return {"bucket": bucket, "sentences": [n], "seen_in_training": seen,
+                "bleu": {"rel": Stat(rel, 0.0, 1), "abs": Stat(abs_, 0.0, 1)}}
+
+    table = {"rows": [row("1-10", 500, "yes", 0.0, 90.0), row("11-20", 100, "no", 30.0, 20.0),
+                      row("21+", 2, "no", 0.0, 50.0)]}
+    claim = unseen_claim(LengthGroup(SimpleNamespace(data="d", model="m"), 10, "test", table))
+    assert claim.verdict == "held"
+    assert claim.measured["mean rel − abs"] == pytest.approx(900 / 102)
+    assert claim.measured["mean rel − abs in % of abs"] == pytest.approx(100 * 900 / 2100)
