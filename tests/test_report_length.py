@@ -93,7 +93,7 @@ def test_cutoff_from_the_config_wins_and_without_refs_means_decide(tmp_path, ref
     assert "No paired test: the report was built without `--refs DIR`, the folder of the reference files" in md
     assert "Criterion: the mean over the 1 bucket longer than training (> 20 words), weighted by their sentences, " \
            "of mean BLEU(rel) − mean BLEU(abs) ≥ 0. Measured: mean rel − abs 10.00, mean rel − abs in % of abs " \
-           "46.51." in md
+           "46.51, rel − abs on lengths seen in training 1.50." in md
 
 
 def test_not_significant_when_rel_leads_by_one_sentence(tmp_path, refs):
@@ -170,3 +170,4 @@ def test_the_unseen_buckets_count_by_their_sentences():
     assert claim.verdict == "held"
     assert claim.measured["mean rel − abs"] == pytest.approx(900 / 102)
     assert claim.measured["mean rel − abs in % of abs"] == pytest.approx(100 * 900 / 2100)
+    assert claim.measured["rel − abs on lengths seen in training"] == pytest.approx(-90.0)

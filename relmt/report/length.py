@@ -63,21 +63,34 @@ def cutoff(group: Group, cutoffs: dict[str | None, int]) -> tuple[int | None, st
     return None, "unknown: the config does not record it and no --train-max-words was given"
 
 
+def rel_abs_cells(item: LengthGroup, seen: str) -> list[tuple[int, float, float]]:
+    """(sentences, mean BLEU of rel, of abs) for each bucket whose seen_in_training is `seen`."""
+    rows = [r for r in (item.table or {}).get("rows", []) if r.get("seen_in_training") == seen]
+    return [(max(r["sentences"]), r["bleu"]["rel"].mean, r["bleu"]["abs"].mean) for r in rows
+            if isinstance(r["bleu"].get("rel"), Stat) and isinstance(r["bleu"].get("abs"), Stat)]
+
+
+def weighted_diff(cells: list[tuple[int, float, float]]) -> float | None:
+    """rel − abs averaged over the buckets weighted by their sentences, so a bucket of a handful of very
+    long sentences does not count as much as one of hundreds."""
+    total = sum(n for n, _, _ in cells)
+    return sum(n * (rel - abs_) for n, rel, abs_ in cells) / total if total else None
+
+
 def unseen_claim(item: LengthGroup) -> Claim | None:
     """rel ≥ abs on the buckets longer than training, confirmed on those sentences pooled by the paired test."""
-    rows = [r for r in (item.table or {}).get("rows", []) if r.get("seen_in_training") == "no"]
-    # (sentences, rel, abs) per bucket; the buckets are weighted by their sentences, so a bucket of a
-    # handful of very long sentences does not count as much as one of hundreds
-    cells = [(max(r["sentences"]), r["bleu"]["rel"].mean, r["bleu"]["abs"].mean) for r in rows
-             if isinstance(r["bleu"].get("rel"), Stat) and isinstance(r["bleu"].get("abs"), Stat)]
-    total = sum(n for n, _, _ in cells)
-    if not cells or total == 0:
+    cells = rel_abs_cells(item, "no")
+    mean_diff = weighted_diff(cells)
+    if mean_diff is None:
         return None
-    mean_diff = sum(n * (rel - abs_) for n, rel, abs_ in cells) / total
+    total = sum(n for n, _, _ in cells)
     measured = {"mean rel − abs": mean_diff}
     abs_total = sum(n * abs_ for n, _, abs_ in cells)
     if abs_total > 0:  # Rosendahl et al. (2019) state their gains relative to abs: 4.4-11.9% beyond training lengths
         measured["mean rel − abs in % of abs"] = 100 * total * mean_diff / abs_total
+    seen_diff = weighted_diff(rel_abs_cells(item, "yes"))
+    if seen_diff is not None:  # for contrast: is rel's lead larger beyond the training lengths than within?
+        measured["rel − abs on lengths seen in training"] = seen_diff
     c = next((c for c in item.significance if (c.baseline, c.system) == ("abs", "rel") and c.tests), None)
     verdict = NOT_HELD if mean_diff < -EPS else HELD if c is None or c.mostly(+1) else NOT_SIGNIFICANT
     criterion = (f"the mean over the {plural(len(cells), 'bucket')} longer than training (> {item.max_words} words), "
