@@ -88,7 +88,7 @@ def claim_rows(name: str, doc: dict) -> list[list[str]]:
     for data, c in items:
         measured = ", ".join(f"{k} {v:.2f}" for k, v in c["measured"].items())
         rows.append([c["name"], data, c.get("split") or "–", f"**{c['verdict']}**", measured])
-    return rows
+    return [[cell.replace("|", "\\|") for cell in row] for row in rows]  # "|difference|" would split a cell
 
 
 def write_claims(out: Path, names: list[str], done: dict[str, str]) -> Path:

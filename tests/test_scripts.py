@@ -301,3 +301,17 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
     claims = (tmp_path / "out" / "claims.md").read_text()
     assert "From: [multi30k.md](multi30k.md) (2 of 3 runs)." in claims
     assert "| [multi30k](multi30k.md) | rel ≥ abs | multi30k_text | test | **" in claims
+
+
+def test_claims_table_escapes_pipes_in_its_cells():
+    """A measured name such as "|difference|" must not split a markdown table cell."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduction_reports", ROOT / "scripts" / "reproduction_reports.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    doc = {"groups": [{"data": "toy", "claims": [{"name": "a^K alone is about as good as both", "split": "test",
+                                                  "verdict": "held", "measured": {"|difference|": 0.02}}]}]}
+    (row,) = module.claim_rows("toy", doc)
+    assert row[-1] == "\\|difference\\| 0.02"
