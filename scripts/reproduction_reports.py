@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relmt.report.cli import main as relmt_report
+from relmt.report.text import md_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,7 +89,7 @@ def claim_rows(name: str, doc: dict) -> list[list[str]]:
     for data, c in items:
         measured = ", ".join(f"{k} {v:.2f}" for k, v in c["measured"].items())
         rows.append([c["name"], data, c.get("split") or "–", f"**{c['verdict']}**", measured])
-    return [[cell.replace("|", "\\|") for cell in row] for row in rows]  # "|difference|" would split a cell
+    return rows
 
 
 def write_claims(out: Path, names: list[str], done: dict[str, str]) -> Path:
@@ -102,8 +103,7 @@ def write_claims(out: Path, names: list[str], done: dict[str, str]) -> Path:
         rows += [[f"[{name}]({name}.md)", *row] for row in claim_rows(name, json.loads(path.read_text()))]
         sources.append(f"[{name}.md]({name}.md) ({done.get(name, 'as committed')})")
     header = ["report", "claim", "data", "test set", "verdict", "measured (means over seeds)"]
-    table = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                      + ["| " + " | ".join(r) + " |" for r in rows])
+    table = md_table(header, rows)
     text = ("# The paper's claims at a glance\n\n"
             "Every claim checked by the reproduction reports, one row per claim, data set and test set. Each report "
             "states its criteria, the paired bootstrap tests and the verdict rules (held, did not hold, not "

@@ -303,15 +303,16 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
     assert "| [multi30k](multi30k.md) | rel ≥ abs | multi30k_text | test | **" in claims
 
 
-def test_claims_table_escapes_pipes_in_its_cells():
-    """A measured name such as "|difference|" must not split a markdown table cell."""
+def test_claims_table_escapes_pipes_in_its_cells(tmp_path):
+    """claims.md: a measured name such as "|difference|" must not split a markdown table cell."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("reproduction_reports", ROOT / "scripts" / "reproduction_reports.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
     spec.loader.exec_module(module)
     doc = {"groups": [{"data": "toy", "claims": [{"name": "a^K alone is about as good as both", "split": "test",
                                                   "verdict": "held", "measured": {"|difference|": 0.02}}]}]}
-    (row,) = module.claim_rows("toy", doc)
-    assert row[-1] == "\\|difference\\| 0.02"
+    (tmp_path / "toy.json").write_text(json.dumps(doc))
+    claims = module.write_claims(tmp_path, ["toy"], {}).read_text()
+    assert ("| [toy](toy.md) | a^K alone is about as good as both | toy | test | **held** | \\|difference\\| 0.02 |"
+            in claims.splitlines())

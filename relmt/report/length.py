@@ -83,11 +83,10 @@ def unseen_claim(item: LengthGroup) -> Claim | None:
     mean_diff = weighted_diff(cells)
     if mean_diff is None:
         return None
-    total = sum(n for n, _, _ in cells)
     measured = {"mean rel − abs": mean_diff}
-    abs_total = sum(n * abs_ for n, _, abs_ in cells)
-    if abs_total > 0:  # Rosendahl et al. (2019) state their gains relative to abs: 4.4-11.9% beyond training lengths
-        measured["mean rel − abs in % of abs"] = 100 * total * mean_diff / abs_total
+    abs_mean = sum(n * abs_ for n, _, abs_ in cells) / sum(n for n, _, _ in cells)
+    if abs_mean > 0:  # Rosendahl et al. (2019) state their gains relative to abs: 4.4-11.9% beyond training lengths
+        measured["mean rel − abs in % of abs"] = 100 * mean_diff / abs_mean
     seen_diff = weighted_diff(rel_abs_cells(item, "yes"))
     if seen_diff is not None:  # for contrast: is rel's lead larger beyond the training lengths than within?
         measured["rel − abs on lengths seen in training"] = seen_diff

@@ -25,8 +25,10 @@ def fmt(stat: Stat | float | None) -> str:
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    """A markdown table; a "|" inside a cell (e.g. "|difference|") is escaped so it does not split the cell."""
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, rows)])
 
 
 def plural(n: int, noun: str) -> str:
