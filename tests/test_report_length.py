@@ -65,6 +65,7 @@ def test_length_report_marks_unseen_buckets_tests_them_and_plots(tmp_path, refs)
     assert row(md, "11-20").startswith("| 11-20 | 10 | partly |")
     assert row(md, "21-30") == ("| 21-30 | 10 | **no** | 21.50 ± 0.71 (2) | 31.50 ± 0.71 (2) | 30.50 ± 0.71 (2) | "
                                 "+10.00 |")
+    assert "\n\nSignatures: sacreBLEU `nrefs:1|case:mixed|tok:13a`.\n\n" in md  # the runs' metrics.json
     # sources have as many words as the reference without its final "."
     longer = [i for i, r in enumerate(texts["test"]) if len(r.split()) - 1 > 15]
     assert f"Paired bootstrap on the {len(longer)} test sentences longer than training" in md

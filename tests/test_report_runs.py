@@ -121,3 +121,19 @@ def test_a_run_resumed_before_wall_time_summed_sessions_counts_its_update_time(t
     assert load_run(run).hours == 1.5
     (run / "metrics.json").write_text(json.dumps({**metrics, "wall_seconds": 7200.0, "train_seconds": 5400.0}))
     assert load_run(run).hours == 2.0
+
+
+def test_the_report_names_the_sacrebleu_signatures_and_says_when_runs_differ(tmp_path):
+    """Issue 12 asks for sacreBLEU with its signature: each group lists the signatures its figures were
+    computed with, once when the runs agree and with run counts when they do not."""
+    old, new = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1", "nrefs:1|case:mixed|tok:13a|version:2.6.0"
+    chrf = "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0"
+    for seed, sig in ((1, old), (2, new), (3, new)):
+        write_run(tmp_path / f"rel_s{seed}", config(seed, "rel"),
+                  {"test": {"bleu": 30.0, "signature": sig, "chrf": 50.0, "chrf_signature": chrf}},
+                  valid={"bleu": 29.0, "signature": sig})
+    assert load_run(tmp_path / "rel_s1").signatures == {"bleu": (old,), "chrf": (chrf,), "tokenized_bleu": ()}
+    with contextlib.redirect_stdout(io.StringIO()) as buf:
+        assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x"]) == 0
+    line = next(x for x in buf.getvalue().splitlines() if x.startswith("Signatures: "))
+    assert line == (f"Signatures: sacreBLEU `{new}` (2 runs), `{old}` (1 run); chrF `{chrf}`.")

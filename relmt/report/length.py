@@ -15,7 +15,7 @@ from pathlib import Path
 from relmt.report.aggregate import Stat
 from relmt.report.build import Report, group_runs, load, refs_for
 from relmt.report.claims import EPS, HELD, NOT_HELD, NOT_SIGNIFICANT, Claim, describe
-from relmt.report.markdown import md_claim
+from relmt.report.markdown import md_claim, md_signatures
 from relmt.report.runs import ReportError
 from relmt.report.significance import Comparison, compare_unseen
 from relmt.report.tables import Group, analyse_tables, length_table, positions_runs
@@ -145,6 +145,9 @@ def md_item(item: LengthGroup, report: Report) -> str:
             "\"seen in training\": **no** for a bucket whose "
             "shortest source is longer than any training source, partly when the cutoff falls inside it.\n\n"
             + md_table(header, rows))
+    signatures = md_signatures(g)
+    if signatures:
+        text += f"\n\n{signatures}"
     if item.significance:
         lines = [[f"{c.system} vs {c.baseline}", str(t.seed), f"{t.baseline:.2f}", f"{t.system:.2f}",
                   f"{t.difference:+.2f}", f"{t.p_value:.3f}"] for c in item.significance for t in c.tests]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from relmt.report import paper
 from relmt.report.aggregate import key, seeds_of, tok
 from relmt.report.build import Report
@@ -17,6 +19,26 @@ BLOCKS = (("bleu", "sacreBLEU", "sacreBLEU (detokenized, tokenizer 13a, cased)")
           ("chrf", "chrF", "chrF (sacreBLEU's chrF2, character 6-grams)"),
           ("lowercased_bleu", "lc-tok BLEU", "lowercased tokenized BLEU (Moses tokens, lowercased, "
                                              "tokenize=none: the metric most Multi30k papers print; not sacreBLEU)"))
+
+
+# How each signature's figure is named where the report lists the signatures.
+SIGNATURE_NAMES = {"bleu": "sacreBLEU", "chrf": "chrF",
+                   "tokenized_bleu": "tokenized BLEU (sacreBLEU on pre-tokenized text)"}
+
+
+def md_signatures(group: Group) -> str | None:
+    """The sacreBLEU signatures the figures of the group's runs were computed with, and how many runs
+    used each: one signature per metric when they agree, all of them (the commonest first) when the runs
+    differ."""
+    runs = [*group.runs, *group.variants]
+    parts = []
+    for metric, label in SIGNATURE_NAMES.items():
+        counts = Counter(sig for r in runs for sig in r.signatures.get(metric, ()))
+        if len(counts) == 1:
+            parts.append(f"{label} `{next(iter(counts))}`")
+        elif counts:
+            parts.append(f"{label} " + ", ".join(f"`{sig}` ({plural(n, 'run')})" for sig, n in counts.most_common()))
+    return "Signatures: " + "; ".join(parts) + "." if parts else None
 
 
 def bleu_columns(group: Group) -> list[str]:
@@ -219,6 +241,7 @@ def md_group(group: Group, report: Report, name: str) -> str:
                   f"(train.num_threads {', '.join(threads)}).")
     cutoff = f"; training sources ≤ {group.train_max_words} words" if group.train_max_words else ""
     parts = [f"## {group.data}{pair}, {group.model} model (d_model {group.runs[0].d_model}{cutoff})", about]
+    parts += [s for s in (md_signatures(group),) if s]
     renderers = {"positions": lambda t: md_positions(group, t), "k": lambda t: md_k(group, t),
                  "kv": lambda t: md_kv(group, t)}
     parts += [render(group.tables[n]) for n, render in renderers.items() if group.tables[n]]

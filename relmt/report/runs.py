@@ -21,6 +21,8 @@ METRICS = ("bleu", "tokenized_bleu", "chrf", "lowercased_bleu")
 # Runs from before ModelConfig.name: the size guessed from d_model, as the old scripts/paper_tables.py did.
 D_MODEL_GUESS = {128: "toy", 256: "small", 512: "base", 1024: "big"}
 RULES = ("best", "last", "averaged")
+# The sacreBLEU signature metrics.json stores beside a figure (relmt/train/validate.py), by figure.
+SIGNATURES = {"bleu": "signature", "chrf": "chrf_signature", "tokenized_bleu": "tokenized_signature"}
 
 
 class ReportError(Exception):
@@ -60,6 +62,7 @@ class Run:
     threads: int | None = None
     updates: int | None = None  # train.max_steps
     frozen: tuple[str, ...] = ()  # train.freeze: parameter patterns kept at their initial values
+    signatures: dict[str, tuple[str, ...]] = field(default_factory=dict)  # figure -> its sacreBLEU signatures
 
     @property
     def hours(self) -> float | None:
@@ -175,7 +178,8 @@ def load_run(path: Path) -> Run:
                train_max_words=train_max_words(data), curve=read_curve(path / "metrics.jsonl"),
                wall_seconds=metrics.get("wall_seconds"), train_seconds=metrics.get("train_seconds"),
                device=train.get("device"), threads=train.get("num_threads"), updates=train.get("max_steps"),
-               frozen=tuple(str(p) for p in train.get("freeze") or ()))
+               frozen=tuple(str(p) for p in train.get("freeze") or ()),
+               signatures={m: tuple(sorted({str(r[k]) for r in results if r.get(k)})) for m, k in SIGNATURES.items()})
 
 
 def read_runs(dirs: list[Path]) -> tuple[list[Run], list[tuple[Path, str]]]:
