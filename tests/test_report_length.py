@@ -124,7 +124,7 @@ def test_unknown_cutoff_marks_nothing_and_checks_no_claim(tmp_path, refs):
 def test_kind_follows_the_name_unless_given(tmp_path, refs):
     fabricate_length(tmp_path / "runs", refs[1])
     run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "a"), "--name", "length", "--kind", "tables"])
-    assert (tmp_path / "a" / "length_k.png").is_file() and not (tmp_path / "a" / "length_buckets.png").exists()
+    assert (tmp_path / "a" / "length_length.png").is_file() and not (tmp_path / "a" / "length_buckets.png").exists()
     run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "b"), "--name", "long", "--kind", "length",
                 "--train-max-words", "15"])
     assert (tmp_path / "b" / "long_buckets.png").is_file()
@@ -172,3 +172,13 @@ def test_the_unseen_buckets_count_by_their_sentences():
     assert claim.measured["mean rel − abs"] == pytest.approx(900 / 102)
     assert claim.measured["mean rel − abs in % of abs"] == pytest.approx(100 * 900 / 2100)
     assert claim.measured["rel − abs on lengths seen in training"] == pytest.approx(-90.0)
+
+
+def test_single_k_gets_no_k_plot_and_a_stale_one_is_removed(tmp_path, refs):
+    fabricate_length(tmp_path / "runs", refs[1])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "single_k.png").write_bytes(b"\x89PNG left from an earlier report")
+    md = run_report([str(tmp_path / "runs"), "--out", str(out), "--name", "single", "--kind", "tables"])
+    assert not (out / "single_k.png").exists() and (out / "single_length.png").is_file()
+    assert "No plot of BLEU against k: these runs hold a single k." in md and "](single_k.png)" not in md

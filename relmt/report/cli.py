@@ -13,7 +13,8 @@ from d_model, said so in the report), seeds are aggregated as mean ± sample std
   data sets; for others, sacreBLEU, chrF and lowercased tokenized BLEU per test set, with the paper's
   findings as claims), the paired bootstrap tests seed by seed (with --refs), BLEU by source length,
   learning curves and each claim's verdict (held, did not hold, not significant);
-- NAME_k.png, NAME_length.png, NAME_curves.png; NAME.json: everything aggregated.
+- NAME_k.png (when the runs hold two or more k), NAME_length.png, NAME_curves.png; NAME.json: everything
+  aggregated.
 --kind length (the default when --name is "length") writes NAME.md, NAME_buckets.png and NAME.json:
 BLEU by source-length bucket for abs, rel and both, marking the buckets longer than training.
 """
@@ -34,6 +35,7 @@ from relmt.report.length import build_length_report, length_markdown, parse_cuto
 from relmt.report.markdown import markdown
 from relmt.report.plots import length_panels, plot_curves, plot_k, plot_length
 from relmt.report.runs import ReportError
+from relmt.report.tables import k_sweep
 from relmt.report.tuning import tuning_markdown
 
 
@@ -77,7 +79,11 @@ def write_outputs(report: Report, out: Path, name: str, kind: str) -> str:
                     out / f"{name}_buckets.png")
     else:
         text = markdown(report, name)
-        plot_k(report.groups, out / f"{name}_k.png")
+        k_plot = out / f"{name}_k.png"
+        if k_sweep(report.groups):
+            plot_k(report.groups, k_plot)
+        else:  # a single k is no sweep; a plot left from an earlier report of these runs would mislead
+            k_plot.unlink(missing_ok=True)
         plot_length(length_panels(report.groups), out / f"{name}_length.png")
         plot_curves(report.groups, out / f"{name}_curves.png")
     (out / f"{name}.md").write_text(text)

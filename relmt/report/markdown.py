@@ -11,7 +11,7 @@ from relmt.report.claims import THRESHOLDS_NOTE, VERDICTS, Claim
 from relmt.report.controls import md_controls, md_stages
 from relmt.report.curves import best, sampled
 from relmt.report.repeats import md_repeats, repeats_table
-from relmt.report.tables import TOKENIZED, Group
+from relmt.report.tables import TOKENIZED, Group, k_sweep
 from relmt.report.text import DASH, fmt, md_intro, md_table, no_refs, plural, yes_no
 
 # The metric blocks of a table for a data set the paper has no numbers for (PaperNumbers.differences).
@@ -277,7 +277,9 @@ def md_claims(groups: list[Group]) -> str:
 
 def markdown(report: Report, name: str) -> str:
     parts = [f"# {report.title}", md_intro(report), *(md_group(g, report, name) for g in report.groups),
-             md_claims(report.groups), "## Plots", f"![BLEU against the clipping distance k]({name}_k.png)",
+             md_claims(report.groups), "## Plots",
+             f"![BLEU against the clipping distance k]({name}_k.png)" if k_sweep(report.groups)
+             else "No plot of BLEU against k: these runs hold a single k.",
              f"![BLEU by source length]({name}_length.png)",
              f"![Validation BLEU against updates]({name}_curves.png)"]
     return "\n\n".join(parts) + "\n"

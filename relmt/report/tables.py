@@ -237,6 +237,11 @@ def length_table(group: Group, runs: list[Run] | None = None, max_words: int | N
             "seeds": seeds_of(runs), "checkpoints": {"test": dict(sorted(Counter(r.test_rule for r in runs).items()))}}
 
 
+def k_sweep(groups: list[Group]) -> bool:
+    """Whether any group's runs hold two or more k: a BLEU-against-k plot needs a sweep (Table 2)."""
+    return any(g.tables.get("k") and len({r["k"] for r in g.tables["k"]["rows"]}) > 1 for g in groups)
+
+
 def analyse_tables(group: Group) -> None:
     """Fill the group's splits, k_default and tables."""
     group.splits = ordered_union(r.test for r in group.runs)
