@@ -46,7 +46,7 @@ def read_queue(path: Path) -> Queue:
     keep, names = None, []
     for line in path.read_text().splitlines():
         line = line.strip()
-        if not line or line.startswith("#") or line.startswith(("common:", "out:")):
+        if not line or line.startswith("#") or line.startswith(("common:", "out:", "threads:")):
             continue
         if line.startswith("keep:"):
             keep = Path(line[len("keep:"):].strip())
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "toy": ("toy_converged.txt", [str(opts.toy_text)], "Toy corpus trained to convergence"),
         "multi30k_wu": ("multi30k_wu.txt", [str(opts.multi30k)],
                         "Multi30k EN→DE with Wu et al.'s budget (8,000 updates, averaged checkpoints, beam 5)"),
+        "multi30k_recipe": ("multi30k_recipe.txt", [str(opts.multi30k)],
+                            "The Multi30k CPU recipe alone on 2 cores: wall time (at most 45 minutes asked)"),
     }
     status, done = 0, {}
     for name, (queue_file, refs, title) in reports.items():

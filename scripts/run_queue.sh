@@ -7,7 +7,8 @@
 #   scripts/run_queue.sh QUEUE [NAME ...]     # only the named runs of QUEUE when names are given
 #
 # QUEUE is a text file (see scripts/queues/): `common: OVERRIDES...` lines give overrides for every
-# run, `out: DIR` and `keep: DIR` where runs and their kept artifacts go, and every other non-empty,
+# run, `out: DIR` and `keep: DIR` where runs and their kept artifacts go, `threads: N` the threads of
+# each run (default 1; JOBS then defaults to the cores divided by N), and every other non-empty,
 # non-# line is `NAME OVERRIDES...`, one run. A run with metrics.json is done and skipped; one with
 # checkpoints/last.pt is resumed (train.resume=true). When a run finishes, its metrics.json,
 # config.yaml, train.log, metrics.jsonl and translations/ are copied to KEEP/NAME/, ready to commit.
@@ -15,12 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
-JOBS=${JOBS:-$(nproc)}
 DATA=${DATA:-../shared/data/multi30k}
 queue=$1; shift
 wanted=("$@")
 
-common=() out="" keep="" names=() lines=()
+common=() out="" keep="" threads=1 names=() lines=()
 while IFS= read -r line || [[ -n $line ]]; do
     line=${line//@DATA/$DATA}
     [[ -z ${line// } || $line == \#* ]] && continue
@@ -28,6 +28,7 @@ while IFS= read -r line || [[ -n $line ]]; do
         common:*) read -ra more <<< "${line#common:}"; common+=("${more[@]}") ;;
         out:*) out=$(echo ${line#out:}) ;;
         keep:*) keep=$(echo ${line#keep:}) ;;
+        threads:*) threads=$(echo ${line#threads:}) ;;
         *) name=${line%% *}
            if (( ${#wanted[@]} == 0 )) || [[ " ${wanted[*]} " == *" $name "* ]]; then
                names+=("$name"); lines+=("$line")
@@ -35,6 +36,8 @@ while IFS= read -r line || [[ -n $line ]]; do
     esac
 done < "$queue"
 [[ -n $out && -n $keep ]] || { echo "$queue: needs 'out:' and 'keep:' lines" >&2; exit 2; }
+[[ $threads =~ ^[1-9][0-9]*$ ]] || { echo "$queue: 'threads:' must be a positive integer, got '$threads'" >&2; exit 2; }
+JOBS=${JOBS:-$(( $(nproc) / threads > 0 ? $(nproc) / threads : 1 ))}
 mkdir -p "$out"
 
 run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kept when it finishes
@@ -46,7 +49,7 @@ run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kep
     [[ -f $dir/checkpoints/last.pt ]] && resume=(train.resume=true)
     echo "$(date +%H:%M:%S) start $name ${resume[*]}"
     local status=0
-    "$BIN/relmt-train" "${common[@]}" "${overrides[@]}" train.num_threads=1 train.progress=false \
+    "$BIN/relmt-train" "${common[@]}" "${overrides[@]}" train.num_threads="$threads" train.progress=false \
         "${resume[@]}" "hydra.run.dir=$dir" >> "$dir.out" 2>&1 || status=$?
     if [[ -f $dir/metrics.json ]] && grep -q '"status": "completed"' "$dir/metrics.json"; then
         mkdir -p "$keep/$name"

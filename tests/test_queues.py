@@ -20,7 +20,7 @@ def queue_runs(path: Path) -> list[tuple[str, list[str]]]:
     common, runs = [], []
     for line in path.read_text().splitlines():
         line = line.replace("@DATA", "some/folder").strip()
-        if not line or line.startswith("#") or line.startswith(("out:", "keep:")):
+        if not line or line.startswith("#") or line.startswith(("out:", "keep:", "threads:")):
             continue
         if line.startswith("common:"):
             common += line[len("common:"):].split()

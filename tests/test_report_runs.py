@@ -118,9 +118,12 @@ def test_a_run_resumed_before_wall_time_summed_sessions_counts_its_update_time(t
     run = write_run(tmp_path / "r", config(1, "rel"), {"test": {"bleu": 30.0}})
     metrics = json.loads((run / "metrics.json").read_text())
     (run / "metrics.json").write_text(json.dumps({**metrics, "wall_seconds": 1800.0, "train_seconds": 5400.0}))
-    assert load_run(run).hours == 1.5
+    assert load_run(run).minutes == 90
     (run / "metrics.json").write_text(json.dumps({**metrics, "wall_seconds": 7200.0, "train_seconds": 5400.0}))
-    assert load_run(run).hours == 2.0
+    assert load_run(run).minutes == 120
+    (run / "metrics.json").write_text(json.dumps({**metrics, "wall_seconds": 1800.0, "train_seconds": 1700.0,
+                                                  "test_seconds": 120.0}))
+    assert load_run(run).minutes == 32  # the final test decoding counts where the run recorded it
 
 
 def test_the_report_names_the_sacrebleu_signatures_and_says_when_runs_differ(tmp_path):

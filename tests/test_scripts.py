@@ -175,7 +175,7 @@ def test_run_queue_prepares_the_data_named_by_each_run(tmp_path):
             (corpus / f"{split}.{lang}").write_text("".join(words[i % 5] + "\n" for i in range(n)))
     queue = tmp_path / "q.txt"
     queue.write_text(
-        f"out: {tmp_path / 'runs'}\nkeep: {tmp_path / 'kept'}\n"
+        f"out: {tmp_path / 'runs'}\nkeep: {tmp_path / 'kept'}\nthreads: 2\n"
         f"common: model=tiny data=text data.vocab_size=20 data.spm_model_type=word "
         f"data.cache_dir={tmp_path / 'cache'} train.max_steps=2 train.eval_every=2 train.save_every=2 "
         "decode.max_len_b=5\n"
@@ -185,6 +185,18 @@ def test_run_queue_prepares_the_data_named_by_each_run(tmp_path):
                           text=True, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "kept" / "c_s1" / "metrics.json").read_text())["status"] == "completed"
+    config = yaml.safe_load((tmp_path / "kept" / "c_s1" / "config.yaml").read_text())
+    assert config["train"]["num_threads"] == 2  # the queue's threads: line
+
+
+def test_run_queue_names_a_bad_threads_line(tmp_path):
+    queue = tmp_path / "q.txt"
+    queue.write_text(f"out: {tmp_path / 'runs'}\nkeep: {tmp_path / 'kept'}\nthreads: two\na_s1 seed=1\n")
+    env = {"BIN": str(Path(sys.executable).parent), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "run_queue.sh"), str(queue)], capture_output=True,
+                          text=True, cwd=ROOT, env=env)
+    assert done.returncode == 2 and f"{queue}: 'threads:' must be a positive integer, got 'two'" in done.stderr
+    assert not (tmp_path / "runs" / "a_s1").exists()
 
 
 def test_toy_corpus_writes_the_splits_the_toy_runs_translate(tmp_path):
@@ -281,7 +293,7 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
     refs = write_refs(tmp_path / "refs")
     queues = tmp_path / "queues"
     queues.mkdir()
-    for name in ("multi30k_tables", "length", "toy_converged", "multi30k_wu"):
+    for name in ("multi30k_tables", "length", "toy_converged", "multi30k_wu", "multi30k_recipe"):
         runs = "".join(f"{p}_s1 model.positions={p} seed=1\n" for p in ("abs", "rel", "both"))
         kept = tmp_path / "kept" / name
         (queues / f"{name}.txt").write_text(f"out: {tmp_path / 'runs' / name}\nkeep: {kept}\n{runs}")
@@ -293,7 +305,7 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
                      "--multi30k", str(tmp_path / "refs"), "--toy-text", str(tmp_path / "toy_text"),
                      "--bootstrap-samples", "50").stdout
     assert "multi30k: 2 of 3 runs" in out and "length: no finished run" in out and "toy: no finished run" in out
-    assert "multi30k_wu: no finished run" in out
+    assert "multi30k_wu: no finished run" in out and "multi30k_recipe: no finished run" in out
     md = (tmp_path / "out" / "multi30k.md").read_text()
     assert md.startswith("# Shaw et al. on Multi30k EN→DE, 2 CPU cores (in progress: 2 of 3 runs)\n")
     assert "### Significance: paired bootstrap, seed by seed" in md and "50 resamples" in md

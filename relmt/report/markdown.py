@@ -233,12 +233,16 @@ def md_group(group: Group, report: Report, name: str) -> str:
     elif guessed:
         about += (f" For {guessed} of the {len(group.runs)} runs the model preset \"{group.model}\" is guessed from "
                   "d_model (their config.yaml predates model.name).")
-    hours = [r.hours for r in group.runs if r.hours]
-    if hours:
+    minutes = [r.minutes for r in group.runs if r.minutes]
+    if minutes:
         threads = sorted({str(r.threads or "default") for r in group.runs})
-        span = f"{min(hours):.1f}" + (f"–{max(hours):.1f}" if f"{min(hours):.1f}" != f"{max(hours):.1f}" else "")
-        about += (f" Training wall time per run: {span} h "
-                  f"(train.num_threads {', '.join(threads)}).")
+        low, high = f"{min(minutes):.0f}", f"{max(minutes):.0f}"
+        span = low if low == high else f"{low}–{high}"
+        timed = sum(r.test_seconds is not None for r in group.runs if r.minutes)
+        test = ("test decoding included" if timed == len(minutes) else "test decoding not included" if not timed
+                else f"test decoding included for {timed} of {len(minutes)} runs")
+        about += (f" Wall time per run: {span} min (training and validation; {test}; "
+                  f"train.num_threads {', '.join(threads)}).")
     cutoff = f"; training sources ≤ {group.train_max_words} words" if group.train_max_words else ""
     parts = [f"## {group.data}{pair}, {group.model} model (d_model {group.runs[0].d_model}{cutoff})", about]
     parts += [s for s in (md_signatures(group),) if s]

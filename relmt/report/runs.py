@@ -58,6 +58,7 @@ class Run:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (update, valid sacreBLEU)
     wall_seconds: float | None = None
     train_seconds: float | None = None  # time in update steps, summed over resumed sessions
+    test_seconds: float | None = None  # the final test decoding and scoring (recorded since issue 12)
     device: str | None = None
     threads: int | None = None
     updates: int | None = None  # train.max_steps
@@ -65,11 +66,12 @@ class Run:
     signatures: dict[str, tuple[str, ...]] = field(default_factory=dict)  # figure -> its sacreBLEU signatures
 
     @property
-    def hours(self) -> float | None:
-        """Wall time in hours; at least the update steps' time, which a run resumed before metrics.json
-        summed wall time over sessions (it kept the last session's) still sums."""
+    def minutes(self) -> float | None:
+        """Wall time in minutes: training and validation (at least the update steps' time, which a run
+        resumed before metrics.json summed wall time over sessions, keeping the last session's, still
+        sums), plus the final test decoding where the run recorded it."""
         seconds = max(self.wall_seconds or 0.0, self.train_seconds or 0.0)
-        return seconds / 3600 if seconds else None
+        return (seconds + (self.test_seconds or 0.0)) / 60 if seconds else None
 
     @property
     def full_rel(self) -> bool:
@@ -177,6 +179,7 @@ def load_run(path: Path) -> Run:
                source_splits={str(k): str(v) for k, v in (data.get("splits") or {}).items()},
                train_max_words=train_max_words(data), curve=read_curve(path / "metrics.jsonl"),
                wall_seconds=metrics.get("wall_seconds"), train_seconds=metrics.get("train_seconds"),
+               test_seconds=metrics.get("test_seconds"),
                device=train.get("device"), threads=train.get("num_threads"), updates=train.get("max_steps"),
                frozen=tuple(str(p) for p in train.get("freeze") or ()),
                signatures={m: tuple(sorted({str(r[k]) for r in results if r.get(k)})) for m, k in SIGNATURES.items()})

@@ -4,6 +4,8 @@ the test splits with the weights that train.test_checkpoint names (averaged firs
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from pathlib import Path
 
 import torch
@@ -15,6 +17,8 @@ from relmt.evaluate.metrics import bucketed_bleu
 from relmt.train import distributed
 from relmt.train.resume import TrainState
 from relmt.train.validate import translate_split
+
+log = logging.getLogger(__name__)
 
 
 def summary(state: TrainState, completed: bool, out: Path, n_params: int, wall_seconds: float, valid: dict,
@@ -45,8 +49,9 @@ def score_tests(model: torch.nn.Module, corpus: Corpus, cfg: Config, ckpt_dir: P
     """Rank 0, after the last update: average the last train.average_last step checkpoints into
     averaged.pt if asked, load the weights train.test_checkpoint names into `model` (the final
     ones if that file is missing), translate every test split into out/translations/ and score it,
-    and BLEU by source length over all test splits together. Returns the metrics.json entries."""
-    tcfg, last, metrics = cfg.train, ckpt_dir / "last.pt", {}
+    and BLEU by source length over all test splits together. Returns the metrics.json entries, with
+    test_seconds, the time this took (a run's wall_seconds ends at its last update)."""
+    start, tcfg, last, metrics = time.perf_counter(), cfg.train, ckpt_dir / "last.pt", {}
     if tcfg.average_last:  # Shaw §4.1: the big model averages its last 20 checkpoints
         averaged = checkpoint.average(checkpoint.step_files(ckpt_dir)[-tcfg.average_last:])
         checkpoint.save(averaged, ckpt_dir, ["averaged.pt"])
@@ -66,4 +71,6 @@ def score_tests(model: torch.nn.Module, corpus: Corpus, cfg: Config, ckpt_dir: P
         srcs = [x for s in splits for x in corpus.texts(s, "src")]
         metrics["by_source_length"] = {"splits": splits, "buckets": bucketed_bleu(
             hyps, refs, srcs, tuple(cfg.data.length_buckets))}
+    metrics["test_seconds"] = time.perf_counter() - start
+    log.info("test splits %s scored in %.0f s", ", ".join(splits) or "(none)", metrics["test_seconds"])
     return metrics
