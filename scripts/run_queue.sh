@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run a queue of training runs, JOBS at a time with one thread each, resumably, and keep each
-# finished run's small artifacts in git (a machine may be replaced between sessions; runs/ is not
-# tracked). Two one-thread jobs side by side train 1.16x faster in total than one two-thread job on
-# 2 cores (docs/results/threads_cpu.md), so JOBS defaults to the number of cores.
+# Run a queue of training runs, JOBS at a time (one thread each unless the queue says otherwise),
+# resumably, and keep each finished run's small artifacts in git (a machine may be replaced between
+# sessions; runs/ is not tracked). Two one-thread jobs side by side train 1.16x faster in total than
+# one two-thread job on 2 cores (docs/results/threads_cpu.md), so JOBS defaults to the number of
+# cores divided by the queue's threads.
 #
 #   scripts/run_queue.sh QUEUE [NAME ...]     # only the named runs of QUEUE when names are given
 #
