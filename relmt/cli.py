@@ -248,6 +248,7 @@ def _translate(argv: list[str]) -> None:
 
     from relmt.config import EosCandidates
     from relmt.decode.translator import Translator
+    from relmt.runtime import tune_cpu
 
     for arg in argv:
         key = arg.partition("=")[0]
@@ -267,6 +268,7 @@ def _translate(argv: list[str]) -> None:
     chunks = read_input(args.input, args.buffer_lines)  # a missing input fails before the model loads
     name = args.input if args.input not in ("", "-") else "<stdin>"
     refs = read_references(args.reference, args.input) if args.reference else None  # so does a misaligned one
+    tune_cpu()  # the command owns its process; the Translator API leaves this to its caller
     translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
                                              compile=args.compile)
     overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}

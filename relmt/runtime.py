@@ -12,7 +12,9 @@ The CPU settings (docs/results/perf_log.md):
 - Denormal floats are flushed to zero (`torch.set_flush_denormal`), which keeps arithmetic on
   tiny values (late-training Adam moments, rare-word gradients) at full speed.
 
-Both are idempotent and change no result beyond values below 1e-38.
+Both are idempotent and change no result beyond values below 1e-38. They are the process owner's
+choice: relmt-translate and the training loop call `tune_cpu`; the Translator API does not, so a
+program that embeds it opts in by calling `tune_cpu()` itself.
 """
 
 from __future__ import annotations

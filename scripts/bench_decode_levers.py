@@ -51,6 +51,7 @@ import relmt.model.transformer as transformer_module
 from relmt.bench import command_line, hardware, write_json
 from relmt.decode.compiled import compile_decoding
 from relmt.decode.translator import Translator
+from relmt.runtime import tune_cpu
 
 ORIGINAL_EXTEND = cache_module.extend
 CAPACITY = 64  # target positions a pooled buffer holds; a longer cache falls back to `extend`
@@ -94,6 +95,7 @@ def int8_decoder(translator: Translator) -> Translator:
 
 def variant(name: str, checkpoint: str) -> tuple[Translator, Callable[[], None], Callable[[], None]]:
     """A translator for the variant, and what to do before and after it decodes."""
+    tune_cpu()  # relmt-translate's CPU settings (the Translator API leaves them to its caller)
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     enter = leave = lambda: None
     if name == "compile":

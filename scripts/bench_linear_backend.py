@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from relmt.bench import hardware
 from relmt.decode.translator import Translator
+from relmt.runtime import tune_cpu
 
 DEFAULT_LINEAR = F.linear
 _converted: dict[tuple, tuple] = {}
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
+    tune_cpu()  # relmt-translate's CPU settings (the Translator API leaves them to its caller)
     translator = Translator.from_checkpoint(opts.checkpoint, device="cpu")
     lines = open(opts.src, encoding="utf-8").read().splitlines()[: opts.n]
     speed: dict[str, list[float]] = {}

@@ -345,8 +345,10 @@ def relmt_decode(opts: argparse.Namespace) -> None:
     import torch
 
     from relmt.decode.translator import Translator
+    from relmt.runtime import tune_cpu
 
     torch.set_num_threads(opts.threads)
+    tune_cpu()  # relmt-translate's CPU settings (the Translator API leaves them to its caller)
     translator = Translator.from_checkpoint(opts.checkpoint, device="cpu", compile=opts.compile)
     lines = opts.src.read_text(encoding="utf-8").splitlines()[: opts.n or None]
     # every hypothesis has exactly --length tokens: EOS is suppressed before it, and the step limit

@@ -18,6 +18,13 @@ decode.max_source_len tokens is cut to that many, with a warning naming its line
 An ensemble (relmt/decode/ensemble.py) takes its decode config and precision from its first
 checkpoint; its checkpoints must hold one sentencepiece model (the same bytes, so the same
 vocabulary), and one that does not is named in the error.
+
+A Translator changes nothing process-wide: it can be embedded in a service as it is. The CPU
+settings relmt-translate runs with (glibc's malloc keeping freed memory, denormals flushed to zero;
+relmt/runtime.py) are the embedding program's choice, opted into once per process:
+
+    from relmt.runtime import tune_cpu
+    tune_cpu()  # optional: faster CPU decoding, for the whole process
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from relmt.decode.reference import ReferenceScore, score_references
 from relmt.decode.search import decode_sources
 from relmt.errors import UserError
 from relmt.model.transformer import Transformer, build_model
-from relmt.runtime import autocast_dtype, resolve_device, tune_cpu
+from relmt.runtime import autocast_dtype, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +87,8 @@ class Translator:
         """Model, vocabulary and decode config from a checkpoint. `precision` (auto | fp32 | bf16 |
         fp16) overrides the checkpoint's train.precision: a model trained in fp32 is decoded in fp32,
         not forced into bf16 on a GPU. `compile` compiles the decoder step (relmt/decode/compiled.py):
-        faster on large inputs, after tens of seconds of compiling."""
+        faster on large inputs, after tens of seconds of compiling. Process-wide CPU settings are
+        left alone: call relmt.runtime.tune_cpu() first to opt in to relmt-translate's."""
         return cls.from_checkpoints([path], device, precision, compile)
 
     @classmethod
@@ -117,7 +125,6 @@ class Translator:
             # CPU autocast to fp16 is emulated and slow; fp32 holds every fp16 value, so nothing is lost
             log.info("%s was trained in fp16; decoding in fp32 on %s", paths[0], dev.type)
             chosen = Precision.fp32
-        tune_cpu()
         model = model.to(dev).eval()
         if compile:
             compile_decoding(model)
