@@ -51,11 +51,15 @@ def tune_cpu() -> dict[str, bool]:
     return _applied
 
 
-def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+def autocast_dtype(precision: Precision, device: torch.device, setting: str = "precision") -> torch.dtype | None:
     """The autocast dtype at `precision` on `device`, for training and decoding alike; None means
-    fp32. auto is bf16 on CUDA and fp32 on a CPU."""
+    fp32. auto is bf16 on CUDA and fp32 elsewhere; bf16 is bf16 anywhere; fp16 needs CUDA and is
+    refused elsewhere, naming `setting` (CPU autocast to fp16 is emulated: about 5x slower than fp32,
+    for nothing gained)."""
     if precision == Precision.auto:
         return torch.bfloat16 if device.type == "cuda" else None
+    if precision == Precision.fp16 and device.type != "cuda":
+        raise UserError(f"{setting}=fp16 needs a CUDA device (the device is {device.type}): use fp32 or bf16")
     return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
 
 

@@ -36,9 +36,9 @@ from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import prepare
 from relmt.data.tokenizer import PAD_ID
 from relmt.model.transformer import build_model
-from relmt.runtime import resolve_device, tune_cpu
+from relmt.runtime import autocast_dtype, resolve_device, tune_cpu
 from relmt.train.distributed import Dist
-from relmt.train.step import autocast_dtype, train_step
+from relmt.train.step import train_step
 
 PEER_SEED = 1234
 

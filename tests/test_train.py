@@ -505,7 +505,7 @@ def test_fp16_overflows_are_counted_but_do_not_stop_the_run(tmp_path, monkeypatc
     """GradScaler starts at a scale of 2^16, so early fp16 steps often overflow; each halves the
     scale and is skipped, and only a collapsed scale would count toward train.max_bad_steps."""
     hook_first_parameter(monkeypatch, lambda n, grad: grad * math.inf if n <= 4 else grad)
-    monkeypatch.setattr(loop_module, "autocast_dtype", lambda precision, device: torch.float16)  # CPU: no CUDA here
+    monkeypatch.setattr(runtime, "autocast_dtype", lambda precision, device, setting: torch.float16)  # CPU: no CUDA
     metrics = loop_module.train(tiny_config(tmp_path, "run", "train.valid_bleu=false", "train.max_bad_steps=2"))
     # 4 injected overflows in a row (more than max_bad_steps), plus any the halved scales still cause
     assert metrics["status"] == "completed" and 4 <= metrics["skipped_updates"] < 6

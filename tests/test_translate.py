@@ -21,6 +21,7 @@ from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import EOS_ID
 from relmt.decode.search import decode_sources, nbest_search, output_weight
 from relmt.decode.translator import Translator
+from relmt.errors import UserError
 from relmt.runtime import autocast_dtype
 from relmt.train.loop import train
 from relmt.train.validate import split_sources
@@ -170,12 +171,26 @@ def with_precision(ckpt: Path, directory: Path, precision: str) -> Path:
     return directory / f"{precision}.pt"
 
 
-def test_autocast_dtype_follows_precision_on_each_device():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert autocast_dtype(Precision.auto, cuda) == torch.bfloat16 and autocast_dtype(Precision.auto, cpu) is None
-    assert autocast_dtype(Precision.fp32, cuda) is None  # no longer forced into bf16 on a GPU
-    assert autocast_dtype(Precision.fp16, cuda) == torch.float16
-    assert autocast_dtype(Precision.bf16, cpu) == torch.bfloat16
+FP16_OFF_CUDA = "fp16 needs a CUDA device"
+AUTOCAST_RULE = {  # (device type, precision) -> autocast dtype (None: fp32), for training and decoding alike
+    ("cuda", Precision.auto): torch.bfloat16, ("cpu", Precision.auto): None, ("mps", Precision.auto): None,
+    ("cuda", Precision.fp32): None, ("cpu", Precision.fp32): None, ("mps", Precision.fp32): None,  # never bf16
+    ("cuda", Precision.bf16): torch.bfloat16, ("cpu", Precision.bf16): torch.bfloat16,
+    ("mps", Precision.bf16): torch.bfloat16,
+    ("cuda", Precision.fp16): torch.float16, ("cpu", Precision.fp16): FP16_OFF_CUDA,  # CPU fp16 is emulated
+    ("mps", Precision.fp16): FP16_OFF_CUDA,
+}
+
+
+@pytest.mark.parametrize("device, precision", list(AUTOCAST_RULE))
+def test_autocast_dtype_has_one_rule_for_each_device_and_precision(device, precision):
+    want = AUTOCAST_RULE[device, precision]
+    if want == FP16_OFF_CUDA:
+        with pytest.raises(UserError, match=f"^train.precision={FP16_OFF_CUDA} \\(the device is {device}\\)"):
+            autocast_dtype(precision, torch.device(device), "train.precision")
+    else:
+        assert autocast_dtype(precision, torch.device(device)) == want
+    assert len(AUTOCAST_RULE) == 3 * len(Precision)  # every pair is pinned
 
 
 def test_precision_comes_from_the_checkpoint(ckpt, tmp_path):

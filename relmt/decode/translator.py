@@ -119,16 +119,15 @@ class Translator:
             del ck  # the optimizer state of one checkpoint at a time
         model = models[0] if len(models) == 1 else Ensemble(models)
         chosen = wanted if wanted is not None else cfg.train.precision
-        if chosen == Precision.fp16 and dev.type != "cuda":
-            if wanted is not None:
-                raise UserError(f"precision=fp16 needs a CUDA device (device resolved to {dev.type}): use fp32 or bf16")
-            # CPU autocast to fp16 is emulated and slow; fp32 holds every fp16 value, so nothing is lost
+        if wanted is None and chosen == Precision.fp16 and dev.type != "cuda":
+            # fp16 needs CUDA (relmt.runtime.autocast_dtype); fp32 holds every fp16 value, so nothing is lost
             log.info("%s was trained in fp16; decoding in fp32 on %s", paths[0], dev.type)
             chosen = Precision.fp32
+        dtype = autocast_dtype(chosen, dev)  # an fp16 asked for off CUDA fails here, before the model moves
         model = model.to(dev).eval()
         if compile:
             compile_decoding(model)
-        return cls(model, tokenizer, cfg.decode, dev, autocast_dtype(chosen, dev))
+        return cls(model, tokenizer, cfg.decode, dev, dtype)
 
     def translate(self, sentences: list[str], **decode: object) -> list[str]:
         """The best translation of each sentence. Keyword arguments override DecodeConfig fields

@@ -42,7 +42,7 @@ from relmt.model.transformer import build_model
 from relmt.train import distributed, finish, init, resume
 from relmt.train.optim import build_optimizer, learning_rate
 from relmt.train.resume import TrainState
-from relmt.train.step import autocast_dtype, count_skipped, train_step
+from relmt.train.step import count_skipped, train_step
 from relmt.train.validate import split_loss, translate_split
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def train(cfg: Config) -> dict:
     dist = distributed.setup(tcfg.device, tcfg.dist_timeout_minutes)
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # only rank 0 logs and saves
-    amp = autocast_dtype(tcfg.precision, dist.device)  # device and precision fail before the data work
+    amp = runtime.autocast_dtype(tcfg.precision, dist.device, "train.precision")  # fails before the data work
     if tcfg.num_threads:
         torch.set_num_threads(tcfg.num_threads)
     runtime.tune_cpu()

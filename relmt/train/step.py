@@ -1,6 +1,6 @@
 """One update of training: forward and backward over its micro-batches, the gradients divided by
 the update's target tokens, one Adam step, and the skipping of updates whose loss or gradient is
-NaN/inf (as fairseq does). Also the precision a run trains in."""
+NaN/inf (as fairseq does). The precision a run trains in is relmt.runtime.autocast_dtype's."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from relmt import runtime
-from relmt.config import Precision, TrainConfig
+from relmt.config import TrainConfig
 from relmt.data.batching import Batch
 from relmt.errors import UserError
 from relmt.train import distributed
@@ -23,15 +22,6 @@ log = logging.getLogger(__name__)
 
 # fp16: below this loss scale, gradient overflows count as a diverged run (fairseq's min_loss_scale)
 MIN_LOSS_SCALE = 1e-4
-
-
-def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
-    """relmt.runtime.autocast_dtype, with fp16 on a CPU refused for training."""
-    if precision == Precision.fp16 and device.type == "cpu":
-        # CPU autocast to fp16 is emulated: it trains about 5x slower than fp32 and gains nothing
-        raise UserError("train.precision=fp16 needs a CUDA device (train.device resolved to cpu): use fp32, "
-                        "or bf16, on a CPU")
-    return runtime.autocast_dtype(precision, device)
 
 
 def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.optim.Optimizer,
