@@ -10,17 +10,17 @@ The figures, each labelled (PAPER.md, BLEU conventions):
 - lowercased tokenized BLEU, the Multi30k literature's figure;
 - BLEU by source length in words, which is how relmt shows length generalisation (the clipped
   relative positions of Shaw §3.2);
-- a paired bootstrap test of two systems (Koehn 2004), by sacreBLEU's own implementation.
+- a paired bootstrap test of two systems (Koehn 2004): two-sided p and the interval of the difference.
 `score` and `report` are the engine of `relmt-score`.
 """
 
 from __future__ import annotations
 
-import os
+import math
 import re
 
+import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
-from sacrebleu.significance import PairedTest
 from sacremoses import MosesTokenizer
 from sacremoses.corpus import NonbreakingPrefixes
 
@@ -110,48 +110,42 @@ def bucketed_bleu(hyps: list[str], refs: list[str], srcs: list[str], edges: tupl
 
 
 def paired_bootstrap(baseline_hyps: list[str], system_hyps: list[str], refs: list[str], metric: str = "bleu",
-                     n_samples: int = 1000, seed: int = 12345) -> dict:
+                     n_samples: int = 1000, seed: int = 12345, alpha: float = 0.05) -> dict:
     """Is `system` better or worse than `baseline` by more than chance? Paired bootstrap resampling
-    (Koehn 2004) with sacreBLEU's own implementation, the same as `sacrebleu --paired-bs`.
+    (Koehn 2004): both systems are scored by sacreBLEU on the same `n_samples` resamples of the
+    sentences, giving n_samples differences d* = system − baseline.
 
-    Both systems are scored on the same `n_samples` resamples of the sentences; the p-value is
-    about the share of resamples whose centred score difference exceeds the observed one. metric:
-    "bleu" (sacreBLEU 13a) or "chrf". Returns the two scores, the p-value, the system's bootstrap
-    mean and 95% confidence half-width ("mean", "ci"), the baseline's ("baseline_mean",
-    "baseline_ci"), and the metric's signature (with the seed and the number of resamples)."""
+    Returns the two scores, their difference, the (1 − alpha) percentile interval of the difference
+    ("low", "high") and the two-sided percentile p-value: twice the share of resamples on the rarer
+    side of 0, so 1.0 for systems that never differ. The interval is read at the same order
+    statistics the p-value counts, so p < alpha exactly when the interval excludes 0. (sacreBLEU's
+    --paired-bs p never exceeds about 0.5: it is not two-sided.) metric: "bleu" (13a) or "chrf"."""
     if not len(baseline_hyps) == len(system_hyps) == len(refs):
         raise ValueError(f"{len(baseline_hyps)} baseline and {len(system_hyps)} system hypotheses but "
                          f"{len(refs)} references: all three must be line-aligned")
     if not refs:
         raise ValueError("no sentences to resample")
-    if seed < 1:  # sacreBLEU reads seed 0 as "no seed" and would draw from the OS
-        raise ValueError(f"seed={seed}: must be >= 1")
-    metrics = {"bleu": BLEU, "chrf": CHRF}
+    metrics = {"bleu": (BLEU, "BLEU"), "chrf": (CHRF, "chrF2")}
     if metric not in metrics:
         raise ValueError(f"metric={metric}: must be one of {', '.join(metrics)}")
-    # sacreBLEU takes its seed only from SACREBLEU_SEED (as its CLI does), read while the test runs
-    previous = os.environ.get("SACREBLEU_SEED")
-    os.environ["SACREBLEU_SEED"] = str(seed)
-    try:
-        test = PairedTest([("baseline", baseline_hyps), ("system", system_hyps)], {metric: metrics[metric]()},
-                          [refs], test_type="bs", n_samples=n_samples)
-        signatures, table = test()
-    finally:
-        if previous is None:
-            del os.environ["SACREBLEU_SEED"]
-        else:
-            os.environ["SACREBLEU_SEED"] = previous
-    (name,) = signatures  # sacreBLEU's name for the metric, e.g. "BLEU" or "chrF2"
-    base, system = table[name]
-    p_value = float(system.p_value)
-    if system.score == base.score:
-        # An observed difference of 0 is never significant: P(|difference| >= 0) = 1. sacreBLEU counts
-        # the resamples strictly above it, so for two identical systems (every resampled difference
-        # is 0 too) it would report its smallest p-value, 1 / (n_samples + 1).
-        p_value = 1.0
-    return {"metric": name, "baseline": float(base.score), "system": float(system.score), "p_value": p_value,
-            "mean": float(system.mean), "ci": float(system.ci), "baseline_mean": float(base.mean),
-            "baseline_ci": float(base.ci), "n_samples": n_samples, "signature": str(signatures[name])}
+    scorer, name = metrics[metric][0](), metrics[metric][1]
+    base, system = (np.array(scorer._extract_corpus_statistics(h, [refs]), dtype=np.int64)
+                    for h in (baseline_hyps, system_hyps))
+    # counts[b, i]: how often resample b draws sentence i; sentence statistics add up over a corpus
+    counts = np.random.default_rng(seed).multinomial(len(refs), np.full(len(refs), 1 / len(refs)), size=n_samples)
+
+    def score(stats: np.ndarray) -> float:
+        return scorer._compute_score_from_stats(stats.tolist()).score
+
+    observed = (score(base.sum(0)), score(system.sum(0)))
+    diffs = np.sort([score(s) - score(b) for b, s in zip(counts @ base, counts @ system)])
+    tail = int(np.sum(diffs <= 0)), int(np.sum(diffs >= 0))
+    k = math.ceil(alpha * n_samples / 2) - 1  # the interval's ends are the (k+1)-th smallest and largest
+    low, high = (float(diffs[k]), float(diffs[-k - 1])) if k >= 0 else (-math.inf, math.inf)
+    return {"metric": name, "baseline": observed[0], "system": observed[1],
+            "difference": observed[1] - observed[0], "low": low, "high": high, "alpha": alpha,
+            "p_value": min(1.0, 2 * min(tail) / n_samples), "n_samples": n_samples, "seed": seed,
+            "signature": f"{scorer.get_signature()}|paired-bootstrap:{n_samples}|seed:{seed}"}
 
 
 def score(hyps: list[str], refs: list[str], srcs: list[str] | None = None, lang: str = "en",
