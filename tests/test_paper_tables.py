@@ -127,7 +127,8 @@ def section(md: str, heading: str) -> str:
 
 def claim_verdicts(md: str) -> dict[str, str]:
     verdicts = {}
-    for m in re.finditer(r"^- \*\*(.+?)\*\* \(.+?\): (held|did not hold)\. Criterion: (.+?)\. Measured:", md, re.M):
+    verdict = "held|did not hold|not significant|inconclusive|not tested"
+    for m in re.finditer(rf"^- \*\*(.+?)\*\* \(.+?\): ({verdict})\. Criterion: (.+?)\. Measured:", md, re.M):
         verdicts[m.group(1)] = m.group(2)
     return verdicts
 
@@ -222,21 +223,19 @@ def test_length_table(report):
 def test_claims_held_and_failed_as_designed(report):
     md = report[0]
     claims = section(md, "## Claims")
-    assert "our own choice for judging noisy small-scale runs" in claims
-    assert claim_verdicts(claims) == {
-        "rel ≥ abs": "held",
-        "k = 0 collapses": "held",
-        "k ≥ 2 saturates": "did not hold",
-        "a^K alone is about as good as both": "held",
-        "a^V alone is slightly lower than both": "did not hold",
-        "rel beats abs on longer sentences than seen in training": "held",
-        "both gives no further gain over rel": "did not hold",
-    }
-    assert "Criterion: BLEU(k=0) < 0.5 × BLEU(k=16) on test. Measured: k=0 11.00, k=16 81.00, 0.5 × k=16 40.50." \
-        in claims
-    assert "max − min of mean BLEU over k ≥ 2 (k = 2, 16, 64) ≤ 1.5 on test" in claims and "spread 4.00" in claims
+    assert "These margins are our choice, fixed before the numbers, not the paper's." in claims
+    # no references: every claim shows its means and is not tested, whatever the means say
+    assert claim_verdicts(claims) == dict.fromkeys((
+        "rel ≥ abs", "k = 0 collapses", "k ≥ 2 saturates", "a^K alone is about as good as both",
+        "a^V alone is slightly lower than both", "rel beats abs on longer sentences than seen in training",
+        "both gives no further gain over rel"), "not tested")
+    assert ("Criterion: BLEU(k=16) − BLEU(k=0) on test above 0.5 × BLEU(k=16) (k = 0 below half of it). Measured: "
+            "k=0 11.00, k=16 81.00, 0.5 × k=16 40.50.") in claims
+    assert "BLEU(k) − BLEU(k=16) on test within ±1 for every k ≥ 2 (k = 2, 16, 64)" in claims
+    assert "spread 4.00" in claims
     assert "Measured: both 82.50, rel 81.00, both − rel 1.50." in claims
-    assert "mean BLEU(rel) > mean BLEU(abs) on test_long. Measured: rel 30.50, abs 22.00." in claims
+    assert "rel − abs on test_long above 0 (the 95% interval excludes 0 on rel's side). Measured: rel 30.50, abs " \
+           "22.00." in claims
 
 
 def test_plots_written_and_linked(report):
@@ -269,7 +268,7 @@ def test_json_has_the_aggregates(report):
     kv = group["tables"]["kv"]["rows"][1]
     assert (kv["relative_keys"], kv["relative_values"], kv["bleu"]["valid"]) == (True, False, None)
     held = {c["name"]: c["held"] for c in group["claims"]}
-    assert held["k ≥ 2 saturates"] is False and held["rel ≥ abs"] is True
+    assert not any(held.values())  # not tested: no references
     spread = next(c for c in group["claims"] if c["name"] == "k ≥ 2 saturates")["measured"]["spread"]
     assert spread == pytest.approx(4.0)
 
@@ -297,8 +296,8 @@ def test_groups_by_data_and_model_with_their_paper_cells(tmp_path, capsys):
     small = section(md, "## wmt_t2t_en_de (EN-DE), small model (d_model 256)")
     assert "no small model in the paper" in small and table_row(small, "rel").endswith("| – |")
     assert "Table 2 analogue" not in md and "Table 3 analogue" not in md  # no sweeps, no ablation tables
-    # Only rel ≥ abs can be checked, and only for EN-DE base: 26.2 ≥ 26.0.
-    assert claim_verdicts(md) == {"rel ≥ abs": "held"}
+    # Only rel ≥ abs can be checked, and only for EN-DE base; without references it is not tested.
+    assert claim_verdicts(md) == {"rel ≥ abs": "not tested"}
 
 
 def test_empty_directory_is_a_clear_error(tmp_path, capsys):

@@ -30,13 +30,13 @@ from typing import Any
 
 from relmt.report.aggregate import seeds_of
 from relmt.report.build import Report, build_report, parse_refs
-from relmt.report.claims import THRESHOLDS_NOTE
 from relmt.report.length import build_length_report, length_markdown, parse_cutoffs
 from relmt.report.markdown import markdown
 from relmt.report.plots import length_panels, plot_curves, plot_k, plot_length
 from relmt.report.runs import ReportError
 from relmt.report.tables import k_sweep
 from relmt.report.tuning import tuning_markdown
+from relmt.report.verdicts import RULES
 
 
 def jsonable(obj: Any) -> Any:
@@ -62,7 +62,7 @@ def report_json(report: Report) -> dict:
            "refs": {data or "*": folder for data, folder in report.refs.items()},
            "bootstrap_samples": report.n_samples,
            "skipped": [{"dir": p, "reason": why} for p, why in report.skipped],
-           "thresholds_note": THRESHOLDS_NOTE, "groups": groups}
+           "verdict_rules": RULES, "groups": groups}
     if "length" in report.extra:
         doc["length"] = [{"group": i.group.name, "train_max_words": i.max_words, "source": i.source,
                           "table": i.table, "significance": i.significance, "claim": i.claim}

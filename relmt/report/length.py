@@ -14,21 +14,13 @@ from pathlib import Path
 
 from relmt.report.aggregate import Stat
 from relmt.report.build import Report, group_runs, load, refs_for
-from relmt.report.claims import EPS, HELD, NOT_HELD, NOT_SIGNIFICANT, Claim, describe
+from relmt.report.claims import Claim, judged
 from relmt.report.markdown import md_claim, md_signatures
 from relmt.report.runs import ReportError
 from relmt.report.significance import Comparison, compare_unseen
 from relmt.report.tables import Group, analyse_tables, length_table, positions_runs
-from relmt.report.text import DASH, fmt, md_intro, md_table, no_refs, plural
-
-VERDICTS_LENGTH = (
-    "Verdicts. The claim is first judged on the means over seeds of the buckets longer than training, each bucket "
-    "weighted by its sentences. With "
-    "`--refs`, the sentences of those buckets are pooled and rel is tested against abs seed by seed (seed s "
-    "against seed s, sacreBLEU's paired bootstrap); a seed pair is significant when p < 0.05 and rel is ahead. "
-    "**held**: rel is ahead on the means and significantly ahead on more than half of the seed pairs (without "
-    "`--refs`: ahead on the means). **not significant**: rel is ahead on the means but significantly ahead on at "
-    "most half of the seed pairs. **did not hold**: rel is behind abs on the means.")
+from relmt.report.text import DASH, PAIR_HEADER, fmt, md_intro, md_table, no_refs, pair_cells, plural
+from relmt.report.verdicts import RULES, Rule
 
 
 @dataclass
@@ -90,17 +82,14 @@ def unseen_claim(item: LengthGroup) -> Claim | None:
     seen_diff = weighted_diff(rel_abs_cells(item, "yes"))
     if seen_diff is not None:  # for contrast: is rel's lead larger beyond the training lengths than within?
         measured["rel − abs on lengths seen in training"] = seen_diff
-    c = next((c for c in item.significance if (c.baseline, c.system) == ("abs", "rel") and c.tests), None)
-    verdict = NOT_HELD if mean_diff < -EPS else HELD if c is None or c.mostly(+1) else NOT_SIGNIFICANT
-    criterion = (f"the mean over the {plural(len(cells), 'bucket')} longer than training (> {item.max_words} words), "
-                 "weighted by their sentences, of mean BLEU(rel) − mean BLEU(abs) ≥ 0")
-    if c is not None:
-        criterion += ", and rel significantly ahead on those sentences on more than half of the seed pairs"
-    return Claim("rel ≥ abs on sentences longer than any in training",
-                 f"BLEU by length, {item.group.data}, {item.group.model} model", criterion,
-                 measured, verdict, None, describe(c) if c else None,
-                 "relative positions clipped at k generalise to lengths not seen in training (§3.2, argued, "
-                 "not measured); Rosendahl et al. (2019) measured rel 4.4–11.9% above abs there")
+    c = next((c for c in item.significance if (c.baseline, c.system) == ("abs", "rel")), None)
+    return judged("rel ≥ abs on sentences longer than any in training",
+                  f"BLEU by length, {item.group.data}, {item.group.model} model", None, measured,
+                  f"rel − abs above 0 on the sentences longer than training (> {item.max_words} words) pooled; the "
+                  f"means are over the {plural(len(cells), 'bucket')} there, weighted by their sentences",
+                  [(c, Rule.ahead())],
+                  "relative positions clipped at k generalise to lengths not seen in training (§3.2, argued, "
+                  "not measured); Rosendahl et al. (2019) measured rel 4.4–11.9% above abs there")
 
 
 def build_length_report(sources: list[str], title: str, command: str | None, cutoffs: dict[str | None, int],
@@ -149,13 +138,12 @@ def md_item(item: LengthGroup, report: Report) -> str:
     if signatures:
         text += f"\n\n{signatures}"
     if item.significance:
-        lines = [[f"{c.system} vs {c.baseline}", str(t.seed), f"{t.baseline:.2f}", f"{t.system:.2f}",
-                  f"{t.difference:+.2f}", f"{t.p_value:.3f}"] for c in item.significance for t in c.tests]
+        lines = [[f"{c.system} vs {c.baseline}", *pair_cells(t)] for c in item.significance for t in c.tests]
         missing = [f"{c.system} vs {c.baseline}: {why}" for c in item.significance for why in c.missing]
         sentences = next((c.sentences for c in item.significance if c.sentences), 0)
         text += (f"\n\nPaired bootstrap on the {sentences} test sentences longer than training, seed by seed "
-                 f"({report.n_samples} resamples, sacreBLEU; p < 0.05 counts as significant):\n\n"
-                 + md_table(["comparison", "seed", "baseline BLEU", "system BLEU", "system − baseline", "p"], lines))
+                 f"({report.n_samples} resamples, sacreBLEU; 95% interval of system − baseline, two-sided p; p < 0.05 "
+                 "counts as significant):\n\n" + md_table(["comparison", *PAIR_HEADER], lines))
         if missing:
             text += "\n\nNot tested: " + "; ".join(missing) + "."
     elif g.refs is None and seen:
@@ -168,6 +156,6 @@ def length_markdown(report: Report, name: str) -> str:
     claims = [md_claim(i.claim) for i in items if i.claim]
     parts = [f"# {report.title}", md_intro(report), *(md_item(i, report) for i in items), "## Claim",
              "\n".join(claims) or "- No claim could be checked: no bucket is known to be longer than training, "
-                                  "or abs or rel is missing.", VERDICTS_LENGTH,
+                                  "or abs or rel is missing.", RULES,
              "## Plot", f"![BLEU by source length]({name}_buckets.png)"]
     return "\n\n".join(parts) + "\n"

@@ -7,12 +7,13 @@ from collections import Counter
 from relmt.report import paper
 from relmt.report.aggregate import key, seeds_of, tok
 from relmt.report.build import Report
-from relmt.report.claims import THRESHOLDS_NOTE, VERDICTS, Claim
+from relmt.report.claims import Claim
 from relmt.report.controls import md_controls, md_stages
 from relmt.report.curves import best, sampled
 from relmt.report.repeats import md_repeats, repeats_table
 from relmt.report.tables import TOKENIZED, Group, k_sweep
-from relmt.report.text import DASH, fmt, md_intro, md_table, no_refs, plural, yes_no
+from relmt.report.text import DASH, PAIR_HEADER, fmt, md_intro, md_table, no_refs, pair_cells, plural, yes_no
+from relmt.report.verdicts import RULES
 
 # The metric blocks of a table for a data set the paper has no numbers for (PaperNumbers.differences).
 BLOCKS = (("bleu", "sacreBLEU", "sacreBLEU (detokenized, tokenizer 13a, cased)"),
@@ -186,17 +187,15 @@ def md_significance(group: Group, report: Report) -> str | None:
     detail, summary, missing = [], [], []
     for c in group.significance:
         name = f"{c.system} vs {c.baseline}"
-        detail += [[name, c.split, str(t.seed), f"{t.baseline:.2f}", f"{t.system:.2f}", f"{t.difference:+.2f}",
-                    f"{t.p_value:.3f}"] for t in c.tests]
-        summary.append([name, c.split, str(len(c.tests)), str(c.significant()), str(c.significant(+1)),
-                        str(c.significant(-1))])
+        detail += [[name, c.split, *pair_cells(t)] for t in c.tests]
+        summary += [[name, c.split, str(len(c.tests)), str(c.significant()), str(c.significant(+1)),
+                     str(c.significant(-1))]] if c.tests else []
         missing += [f"{name} on {c.split}: {why}" for why in c.missing]
     text = (f"{head}\n\nsacreBLEU of seed s of the baseline and seed s of the system on the same sentences, tested "
-            f"with sacreBLEU's paired bootstrap ({report.n_samples} resamples, resampling seed 12345; two-sided "
-            "p-value); a seed pair is significant when p < 0.05. References: "
-            f"`{group.refs}`.\n\n"
-            + md_table(["comparison", "test set", "seed", "baseline BLEU", "system BLEU", "system − baseline", "p"],
-                       detail)
+            f"with a paired bootstrap ({report.n_samples} resamples, resampling seed 12345): the 95% percentile "
+            "interval of system − baseline and the two-sided p; a seed pair is significant when p < 0.05, that is "
+            f"when its interval excludes 0. References: `{group.refs}`.\n\n"
+            + md_table(["comparison", "test set", *PAIR_HEADER], detail)
             + "\n\n" + md_table(["comparison", "test set", "seed pairs", "significant (p < 0.05)",
                                  "system ahead, significant", "system behind, significant"], summary))
     if missing:
@@ -270,7 +269,7 @@ def md_claim(claim: Claim, paper: bool = True) -> str:
 
 
 def md_claims(groups: list[Group]) -> str:
-    parts = ["## Claims", f"Each claim is checked on the aggregated means above. {THRESHOLDS_NOTE}", VERDICTS]
+    parts = ["## Claims", RULES]
     for group in groups:
         # what the paper found is said once per claim, not again for each test set
         lines = [md_claim(c, paper=i == 0 or c.paper != group.claims[i - 1].paper) for i, c in enumerate(group.claims)]

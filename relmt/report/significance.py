@@ -1,9 +1,9 @@
-"""Paired bootstrap tests between position strategies, seed by seed (Koehn 2004; sacreBLEU's paired-bs).
+"""Paired bootstrap tests between configurations, seed by seed (Koehn 2004; relmt.evaluate.metrics).
 
 Seed s of the baseline is tested against seed s of the system on the same sentences: the
 translations a run left in translations/<split>.<tgt> against the reference file <split>.<tgt> of
-the --refs folder. Seeds are paired rather than pooled because a seed's training noise is part of
-what the test should see once per pair, and the report counts how many pairs come out significant.
+the --refs folder. Seeds are paired rather than pooled: a seed's training noise is part of what each
+pair's test sees, and the verdicts count the pairs (relmt.report.verdicts).
 """
 
 from __future__ import annotations
@@ -13,37 +13,36 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relmt.data.sources import read_lines
+from relmt.errors import UserError
 from relmt.evaluate.metrics import paired_bootstrap
-from relmt.report.runs import Run, read_lines
+from relmt.report.runs import Run
 from relmt.report.tables import Group, positions_runs
 
-ALPHA = 0.05  # a seed pair is significant when p < ALPHA
-# (baseline, system): the paper's Table 1 (rel against abs) and its combined setting (both against rel)
-COMPARISONS = (("abs", "rel"), ("rel", "both"))
-SEED = 12345  # sacreBLEU's default resampling seed, fixed so that a report is reproducible
+ALPHA = 0.05  # a seed pair is significant when p < ALPHA, i.e. its 95% interval excludes 0
+SEED = 12345  # the resampling seed, fixed so that a report is reproducible
+Texts = Callable[[Run], tuple[list[str], list[str]]]
 
 
 @dataclass(frozen=True)
 class PairTest:
-    """One seed's paired bootstrap: sacreBLEU of both systems and the two-sided p-value."""
+    """One seed pair: both systems' sacreBLEU, the 95% interval of system − baseline, the two-sided p."""
 
     seed: int
     baseline: float
     system: float
+    low: float
+    high: float
     p_value: float
 
     @property
     def difference(self) -> float:
         return self.system - self.baseline
 
-    @property
-    def significant(self) -> bool:
-        return self.p_value < ALPHA
-
 
 @dataclass
 class Comparison:
-    """`system` against `baseline` on one test set (or a subset of sentences), for every seed pair."""
+    """`system` against `baseline` on one test set (or a subset of its sentences), every seed pair."""
 
     baseline: str
     system: str
@@ -54,59 +53,56 @@ class Comparison:
 
     def significant(self, direction: int = 0) -> int:
         """Seed pairs with p < ALPHA; with direction +1 (-1), only those where the system is ahead (behind)."""
-        return sum(t.significant and (direction == 0 or t.difference * direction > 0) for t in self.tests)
-
-    def mostly(self, direction: int) -> bool:
-        """Significant in `direction` on more than half of the seed pairs tested."""
-        return bool(self.tests) and 2 * self.significant(direction) > len(self.tests)
+        return sum(t.p_value < ALPHA and (direction == 0 or t.difference * direction > 0) for t in self.tests)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def lines(path: Path) -> tuple[str, ...]:
-    """A file's lines, read once per report (every seed pair shares the references)."""
-    return tuple(read_lines(path))
+    """A text file's lines, split on "\\n" only, read once per report (every seed pair shares the references)."""
+    try:
+        return tuple(read_lines(path))
+    except UserError as exc:  # invalid UTF-8 or a NUL: the pair is listed as not tested, with the reason
+        raise ValueError(str(exc)) from None
 
 
 def reference_file(refs: Path, run: Run, split: str, lang: str | None = None) -> Path | None:
-    """<split>.<lang> in `refs` (lang: the run's data.tgt), or the file under the corpus's own name
-    of the split (data.splits)."""
+    """<split>.<lang> in `refs` (lang: the run's data.tgt), or under the corpus's own name of the split."""
     for name in dict.fromkeys((split, run.source_splits.get(split, split))):
-        path = refs / f"{name}.{lang or run.tgt}"
-        if path.is_file():
+        if (path := refs / f"{name}.{lang or run.tgt}").is_file():
             return path
     return None
 
 
-def by_seed(runs: list[Run], positions: str) -> dict[int, Run]:
-    return {r.seed: r for r in runs if r.positions == positions and r.seed is not None}
+def by_seed(runs: list[Run]) -> dict[int, Run]:
+    return {r.seed: r for r in runs if r.seed is not None}
 
 
-def test_pairs(comparison: Comparison, base: dict[int, Run], system: dict[int, Run],
-               texts: Callable[[Run], tuple[list[str], list[str]]], n_samples: int,
-               keep: Callable[[int], bool] | None = None) -> None:
-    """Fill `comparison` with a PairTest per seed both systems have. `texts(run)` gives a run's
-    hypotheses and the references (OSError/ValueError: the reason it cannot); `keep(i)` picks sentences."""
-    for seed in sorted(set(base) ^ set(system)):
-        comparison.missing.append(f"seed {seed}: {comparison.baseline if seed in base else comparison.system} only")
+def test_pairs(comparison: Comparison, base: dict[int, Run], system: dict[int, Run], texts: Texts,
+               n_samples: int, keep: Callable[[int], bool] | None = None) -> Comparison:
+    """Fill `comparison` with a PairTest per seed both sides have. `texts(run)` gives a run's hypotheses
+    and the references (OSError/ValueError: why it cannot); `keep(i)` picks sentences."""
+    for side, own, other in ((comparison.baseline, base, system), (comparison.system, system, base)):
+        if alone := sorted(set(own) - set(other)):
+            comparison.missing.append(f"seed{'s' * (len(alone) > 1)} {', '.join(map(str, alone))}: {side} only")
     for seed in sorted(set(base) & set(system)):
         try:
-            hyps_b, refs = texts(base[seed])
-            hyps_s, _ = texts(system[seed])
+            (hyps_b, refs), (hyps_s, _) = texts(base[seed]), texts(system[seed])
             for run, hyps in ((base[seed], hyps_b), (system[seed], hyps_s)):
                 if len(hyps) != len(refs):
                     raise ValueError(f"{run.path}: {len(hyps)} translations for {len(refs)} references")
             if keep is not None:
                 index = [i for i in range(len(refs)) if keep(i)]
                 hyps_b, hyps_s, refs = ([xs[i] for i in index] for xs in (hyps_b, hyps_s, refs))
-            result = paired_bootstrap(hyps_b, hyps_s, refs, n_samples=n_samples, seed=SEED)
+            r = paired_bootstrap(hyps_b, hyps_s, refs, n_samples=n_samples, seed=SEED, alpha=ALPHA)
         except (OSError, ValueError) as exc:
             comparison.missing.append(f"seed {seed}: {exc}")
             continue
         comparison.sentences = len(refs)
-        comparison.tests.append(PairTest(seed, result["baseline"], result["system"], result["p_value"]))
+        comparison.tests.append(PairTest(seed, r["baseline"], r["system"], r["low"], r["high"], r["p_value"]))
+    return comparison
 
 
-def split_texts(refs: Path, split: str) -> Callable[[Run], tuple[list[str], list[str]]]:
+def split_texts(refs: Path, split: str) -> Texts:
     """A run's translations of `split` and the reference file for it."""
 
     def texts(run: Run) -> tuple[list[str], list[str]]:
@@ -115,24 +111,32 @@ def split_texts(refs: Path, split: str) -> Callable[[Run], tuple[list[str], list
             raise OSError(f"no translations {hyps or 'file (data.tgt unknown)'}")
         if ref is None:
             raise OSError(f"no reference file {split}.{run.tgt} in {refs}")
-        return read_lines(hyps), list(lines(ref))
+        return list(lines(hyps)), list(lines(ref))
 
     return texts
 
 
+def arms(group: Group) -> list[tuple[str, list[Run], str, list[Run]]]:
+    """(baseline, its runs, system, its runs) for each comparison a claim needs: Table 1's rel against abs
+    and both against rel, Table 2's default k against k = 0 and each other k against the default, Table
+    3's a^K alone against both tables and both tables against a^V alone."""
+    pos, kd = positions_runs(group), group.k_default
+    rel = [r for r in group.runs if r.positions == "rel"]
+    at = {p: [r for r in pos if r.positions == p] for p in ("abs", "rel", "both")}
+    out = [(b, at[b], s, at[s]) for b, s in (("abs", "rel"), ("rel", "both"))]
+    for k in sorted({row["k"] for row in (group.tables.get("k") or {}).get("rows", [])} - {kd}):
+        k_runs = [r for r in rel if r.full_rel and r.k == k]
+        out.append(("k=0", k_runs, f"k={kd}", at["rel"]) if k == 0 else (f"k={kd}", at["rel"], f"k={k}", k_runs))
+    kv = [r for r in rel if r.k == kd]
+    keys, values = ([r for r in kv if (r.keys, r.values) == flags] for flags in ((True, False), (False, True)))
+    out += [("a^K and a^V", at["rel"], "a^K only", keys), ("a^V only", values, "a^K and a^V", at["rel"])]
+    return [arm for arm in out if arm[1] and arm[3]]
+
+
 def compare_group(group: Group, refs: Path, n_samples: int) -> list[Comparison]:
-    """rel against abs and both against rel on each test set of the positions comparison."""
-    runs = positions_runs(group)
-    out = []
-    for baseline, system in COMPARISONS:
-        base, other = by_seed(runs, baseline), by_seed(runs, system)
-        if not base or not other:
-            continue
-        for split in group.splits:
-            comparison = Comparison(baseline, system, split)
-            test_pairs(comparison, base, other, split_texts(refs, split), n_samples)
-            out.append(comparison)
-    return out
+    """Every comparison of `arms` on each test set."""
+    return [test_pairs(Comparison(b, s, split), by_seed(b_runs), by_seed(s_runs), split_texts(refs, split), n_samples)
+            for b, b_runs, s, s_runs in arms(group) for split in group.splits]
 
 
 def sources(refs: Path, run: Run, splits: list[str]) -> list[str]:
@@ -158,8 +162,8 @@ def compare_unseen(runs: list[Run], refs: Path, max_words: int, n_samples: int) 
         return [h for hyps, _ in pooled for h in hyps], [r for _, refs_ in pooled for r in refs_]
 
     out = []
-    for baseline, system in COMPARISONS:
-        base, other = by_seed(runs, baseline), by_seed(runs, system)
+    for baseline, system in (("abs", "rel"), ("rel", "both")):
+        base, other = (by_seed([r for r in runs if r.positions == p]) for p in (baseline, system))
         if not base or not other or not splits:
             continue
         comparison = Comparison(baseline, system, f"{' + '.join(splits)}, sources over {max_words} words")

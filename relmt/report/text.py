@@ -31,6 +31,15 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, rows)])
 
 
+PAIR_HEADER = ["seed", "baseline BLEU", "system BLEU", "system − baseline", "95% interval", "p"]
+
+
+def pair_cells(t) -> list[str]:
+    """One seed pair's row (relmt.report.significance.PairTest) under PAIR_HEADER."""
+    return [str(t.seed), f"{t.baseline:.2f}", f"{t.system:.2f}", f"{t.difference:+.2f}",
+            f"[{t.low:+.2f}, {t.high:+.2f}]", f"{t.p_value:.3f}"]
+
+
 def plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 

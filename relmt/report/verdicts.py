@@ -1,0 +1,81 @@
+"""The verdict rules, one set for every claim of every report (issue 29 §1).
+
+A claim names the region its paired difference (system − baseline, in BLEU) must lie in: (0, ∞) for
+"system ≥ baseline", (−MARGIN, MARGIN) for "about as good", (−∞, MARGIN) for "no further gain", and so
+on. Each seed pair's paired bootstrap gives a 95% interval of that difference. A pair supports the
+claim when its interval lies inside the region, contradicts it when its interval lies outside.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from relmt.report.significance import ALPHA, PairTest
+
+# Fixed before any run was read, and stated in each report above its claims: our choice, not the paper's.
+MARGIN = 1.0  # BLEU: two systems are "about as good" when their difference lies within ±MARGIN
+SLIGHT = 2.0  # BLEU: "slightly lower" is behind by more than 0 and less than SLIGHT
+HELD, NOT_HELD, NOT_SIGNIFICANT, INCONCLUSIVE, NOT_TESTED = (
+    "held", "did not hold", "not significant", "inconclusive", "not tested")
+RULES = (
+    f"Verdicts. Every claim is a statement about the paired difference system − baseline, in BLEU, on one test "
+    f"set: \"system ≥ baseline\" says it is above 0; an equivalence claim (\"about as good\", \"no further gain\", "
+    f"\"saturates\") says it lies within a margin of ±{MARGIN:g} BLEU (below +{MARGIN:g} for \"no further gain\"); "
+    f"\"slightly lower\" says the baseline is behind by more than 0 and less than {SLIGHT:g} BLEU; \"collapses\" "
+    f"says k = 0 is behind by more than half of the other's BLEU. These margins are our choice, fixed before the "
+    f"numbers, not the paper's. Each claim is tested seed by seed (seed s against seed s, the same test "
+    f"sentences) with a paired bootstrap, which gives the {100 * (1 - ALPHA):g}% interval of the difference and "
+    f"its two-sided p (p < {ALPHA} exactly when the interval excludes 0). A seed pair supports the claim when "
+    f"its interval lies inside the claim's region and contradicts it when the interval lies outside. **held**: "
+    f"more than half of the seed pairs support it. **did not hold**: more than half contradict it. **not "
+    f"significant** (a claim that one system is ahead) or **inconclusive** (any other claim): neither. **not "
+    f"tested**: no seed pair could be tested (no references, or no seed in common); the means are shown but "
+    f"decide nothing. A claim over several comparisons (k ≥ 2 saturates: every k against the default k) holds "
+    f"when each holds and fails when any fails. Swapping the two systems of a \"≥\" claim turns held into did "
+    f"not hold and back.")
+
+Region = Callable[[PairTest], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A claim's region for the difference system − baseline, and what a verdict neither way is called."""
+
+    region: Region
+    undecided: str = INCONCLUSIVE
+
+    @classmethod
+    def ahead(cls) -> Rule:
+        return cls(lambda t: (0.0, math.inf), NOT_SIGNIFICANT)
+
+    @classmethod
+    def within(cls, low: float, high: float) -> Rule:
+        return cls(lambda t: (low, high))
+
+
+def side(t: PairTest, rule: Rule) -> int:
+    """+1: the pair's interval lies inside the rule's region; -1: outside it; 0: across an edge."""
+    low, high = rule.region(t)
+    if low < t.low and t.high < high:
+        return 1
+    return -1 if t.high < low or t.low > high else 0
+
+
+def verdict(tests: list[PairTest], rule: Rule) -> str:
+    """held / did not hold / rule.undecided by the majority of seed pairs; not tested without any."""
+    if not tests:
+        return NOT_TESTED
+    sides = [side(t, rule) for t in tests]
+    if 2 * sides.count(1) > len(tests):
+        return HELD
+    return NOT_HELD if 2 * sides.count(-1) > len(tests) else rule.undecided
+
+
+def combine(verdicts: list[str]) -> str:
+    """A claim made of several comparisons: fails if any fails, holds only if all hold."""
+    for v in (NOT_HELD, NOT_TESTED, INCONCLUSIVE, NOT_SIGNIFICANT):
+        if v in verdicts:
+            return v
+    return HELD if verdicts else NOT_TESTED
