@@ -10,9 +10,10 @@
 # QUEUE is a text file (see scripts/queues/): `common: OVERRIDES...` lines give overrides for every
 # run, `out: DIR` and `keep: DIR` where runs and their kept artifacts go, `threads: N` the threads of
 # each run (default 1; JOBS then defaults to the cores divided by N), and every other non-empty,
-# non-# line is `NAME OVERRIDES...`, one run. A run with metrics.json is done and skipped; one with
-# checkpoints/last.pt is resumed (train.resume=true). When a run finishes, its metrics.json,
-# config.yaml, train.log, metrics.jsonl and translations/ are copied to KEEP/NAME/, ready to commit.
+# non-# line is `NAME OVERRIDES...`, one run. A run whose metrics.json says completed is done and
+# skipped; one with a checkpoint (last.pt or step_N.pt) is resumed (train.resume=true). When a run
+# finishes, its metrics.json, config.yaml, train.log, metrics.jsonl and translations/ are copied to
+# KEEP/NAME/, ready to commit.
 # DATA (default ../shared/data/multi30k, this project's machines) replaces @DATA in the queue.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +47,14 @@ run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kep
     read -ra overrides <<< "${1#* }"
     [[ $1 == "$name" ]] && overrides=()
     dir="$out/$name"
-    [[ -f $dir/metrics.json ]] && { echo "done already: $name"; return 0; }
-    [[ -f $dir/checkpoints/last.pt ]] && resume=(train.resume=true)
+    # an interrupted run writes metrics.json too (status interrupted): only a completed one is done
+    if [[ -f $dir/metrics.json ]] && grep -q '"status": "completed"' "$dir/metrics.json"; then
+        echo "done already: $name"; return 0
+    fi
+    # any checkpoint means a run to resume (one cut off before last.pt resumes from its step_N.pt)
+    if [[ -f $dir/checkpoints/last.pt ]] || compgen -G "$dir/checkpoints/step_*.pt" > /dev/null; then
+        resume=(train.resume=true)
+    fi
     echo "$(date +%H:%M:%S) start $name ${resume[*]}"
     local status=0
     "$BIN/relmt-train" "${common[@]}" "${overrides[@]}" train.num_threads="$threads" train.progress=false \
@@ -70,8 +77,9 @@ for line in "${lines[@]}"; do
     read -ra overrides <<< "${line#* }"
     [[ $line == "${line%% *}" ]] && overrides=()
     mapfile -t args < <(data_args "${common[@]}" "${overrides[@]}")
-    [[ -n ${prepared["${args[*]}"]:-} ]] && continue
-    prepared["${args[*]}"]=1
+    key="data: ${args[*]}"  # never empty: bash refuses an empty key (runs that name no data)
+    [[ -n ${prepared["$key"]:-} ]] && continue
+    prepared["$key"]=1
     "$BIN/relmt-prepare" "${args[@]}" > /dev/null
 done
 for line in "${lines[@]}"; do
