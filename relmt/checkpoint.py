@@ -13,6 +13,7 @@ rather than silently different weights.
     config    relmt.config.to_dict(Config): enough to rebuild model, data and decoding settings
     spm       {"path", "sha256", "model": bytes}: the sentencepiece model, also embedded
     step, position {"epoch", "batch"}, optim, scaler, rng (one entry per rank), state
+    batches   {"data": the data's cache key, "world_size"}: what a resume compares besides the config
     checksum  payload_checksum() of everything else (from format 2)
 """
 

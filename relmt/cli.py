@@ -400,28 +400,44 @@ def run_dir_label(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+# What Hydra writes into a run directory before the task starts (rank 0; the job's log is train.log)
+HYDRA_RUN_FILES = {".hydra", "train.log"}
+
+
+def remove_unstarted_run_dir(path: str) -> None:
+    """Remove a run directory that holds nothing but what Hydra wrote before the command was
+    refused, so that a refused command leaves no new run directory behind. A directory holding
+    anything else (a run's checkpoints or logs, a user's files) is left as it is."""
+    import shutil
+    from pathlib import Path
+
+    run = Path(path)
+    if (run / ".hydra").is_dir() and {p.name for p in run.iterdir()} <= HYDRA_RUN_FILES:
+        shutil.rmtree(run, ignore_errors=True)
+
+
 def _train_job(dcfg) -> float | None:
     """The Hydra task: typed config in, metrics out. Returns the best validation figure, so that
     Hydra sweepers can optimise it. Exits EXIT_USER_ERROR on bad input and EXIT_INTERRUPTED when a
-    signal stopped the run (which also ends a sweep: the user asked to stop)."""
+    signal stopped the run (which also ends a sweep: the user asked to stop). The loop writes
+    config.yaml once it accepts the run, so a refused command leaves the run directory as it was."""
     import datasets
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     from relmt.config import to_config
     from relmt.train.loop import train as train_loop
 
     datasets.disable_progress_bars()
+    out_dir = dcfg.out_dir or run_dir_label(HydraConfig.get().runtime.output_dir)
     try:
         cfg = to_config(dcfg)
-        if not cfg.out_dir:
-            cfg.out_dir = run_dir_label(HydraConfig.get().runtime.output_dir)
-        if int(os.environ.get("RANK", "0")) == 0:  # the resolved, validated config of this run
-            OmegaConf.save(OmegaConf.structured(cfg), os.path.join(cfg.out_dir, "config.yaml"))
+        cfg.out_dir = out_dir
         metrics = train_loop(cfg)
     except (UserError, ValueError) as e:
         logging.getLogger("relmt").error("%s", format_error(e))
         print(f"relmt-train: error: {format_error(e)}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:
+            remove_unstarted_run_dir(out_dir)
         sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt as e:  # a second SIGINT/SIGTERM, or Ctrl-C before the loop started
         message = f"relmt-train: interrupted: {str(e) or 'Ctrl-C'}; the checkpoints saved so far are kept"

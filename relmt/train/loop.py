@@ -3,7 +3,8 @@
 Each update takes `update_freq` micro-batches, backpropagates their summed label-smoothed loss and
 divides the gradients by the number of target tokens in the whole update (all ranks), then steps
 Adam at the scheduled learning rate. Every `eval_every` updates it validates, every `save_every` it
-checkpoints; at the end it scores the test splits and writes metrics.json.
+checkpoints (the last update too, step file included); at the end it scores the test splits and
+writes metrics.json.
 Resuming restores model, optimizer, scaler, RNG and the data position, so it continues exactly.
 
 `train` calls functions that take and return plain values: one update and its NaN/inf check
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import signal
 import sys
 import threading
@@ -28,12 +30,13 @@ from pathlib import Path
 from typing import TextIO
 
 import torch
+import yaml
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from relmt import runtime
-from relmt.config import BestMetric, Config, TrainConfig
+from relmt.config import BestMetric, Config, TrainConfig, to_dict
 from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import Corpus, prepare
 from relmt.data.tokenizer import PAD_ID
@@ -95,11 +98,28 @@ class RunLog:
         self.writer.close()
 
 
+def save_config(out: Path, cfg: Config) -> None:
+    """out/config.yaml, the resolved config that relmt-report reads (what OmegaConf.save writes).
+    Written only once the run is accepted: a refused command must not leave its config behind."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
 def open_run_log(out: Path, step: int, resumed: bool) -> RunLog:
     """Append to out/metrics.jsonl and out/tb. After a kill -9 the log holds the steps since the last
-    save, which a resumed run logs again: those records and events are dropped first."""
+    save, which a resumed run logs again: those records and events are dropped first. A fresh start
+    begins both anew: what is there was logged by an attempt killed before its first checkpoint, and
+    this run logs those steps again."""
     if resumed:
         resume.trim_history(out / "metrics.jsonl", step)
+    else:
+        earlier = [p for p in (out / "metrics.jsonl", out / "metrics.json", out / "tb") if p.exists()]
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+        (out / "metrics.json").unlink(missing_ok=True)
+        shutil.rmtree(out / "tb", ignore_errors=True)
+        if earlier:
+            log.info("%s: no checkpoint to resume, so the run starts afresh; removed the earlier attempt's %s",
+                     out, ", ".join(p.name for p in earlier))
     writer = SummaryWriter(str(out / "tb"), purge_step=step + 1 if resumed else None)
     return RunLog(writer, (out / "metrics.jsonl").open("a"))
 
@@ -185,7 +205,8 @@ def train(cfg: Config) -> dict:
     runtime.tune_cpu()
     torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
     # A resume is checked before the data is prepared: a refused one should not wait for a cache build.
-    ck_path, ck = resume.open_checkpoint(cfg, ckpt_dir)
+    batch_source = resume.batch_source(cfg.data, dist.world_size)
+    ck_path, ck = resume.open_checkpoint(cfg, ckpt_dir, batch_source)
     source = init.open_source(cfg, resuming=ck is not None)  # train.init_from; checked before the data work too
 
     # Data: rank 0 builds the cache if needed, then every other rank loads it.
@@ -221,11 +242,13 @@ def train(cfg: Config) -> dict:
 
     ddp = DistributedDataParallel(model) if dist.world_size > 1 else None
     net = torch.compile(ddp or model) if tcfg.compile else (ddp or model)
+    if dist.is_main:  # the run is accepted: nothing in its directory changed before this point
+        save_config(out, cfg)
     run_log = open_run_log(out, state.step, ck_path is not None) if dist.is_main else None
     bar = tqdm(total=tcfg.max_steps or None, initial=state.step, unit="step", dynamic_ncols=True,
                disable=not (dist.is_main and tcfg.progress and sys.stderr.isatty()))
 
-    valid: dict = {}
+    valid = state.last_valid  # a resume after the last update has no validation left to run
     interrupted = False
     window = dict.fromkeys(WINDOW, 0.0)
     batches = sampler.epoch(state.epoch)
@@ -259,20 +282,25 @@ def train(cfg: Config) -> dict:
             interrupted = distributed.any_rank("signal" in received, dist)
             names = [f"step_{state.step}.pt", "last.pt"] if state.step % tcfg.save_every == 0 else []
             if state.step % tcfg.eval_every == 0 or finished(state, tcfg):
-                valid = validate(model, corpus, cfg, dist, amp, state.step, run_log)
+                valid = state.last_valid = validate(model, corpus, cfg, dist, amp, state.step, run_log)
                 best = improved(valid, state.best_value, tcfg.best_metric)
                 if best is not None:
                     state.best_value, state.best_step = best, state.step
                     names.append("best.pt")
                 state.validations_since_best = 0 if best is not None else state.validations_since_best + 1
-            if (finished(state, tcfg) or interrupted) and "last.pt" not in names:
+            if finished(state, tcfg) and "last.pt" not in names:  # a step file too, for train.average_last
+                names += [f"step_{state.step}.pt", "last.pt"]
+            if interrupted and "last.pt" not in names:
                 names.append("last.pt")
             if names:
                 state.wall_seconds = wall()
-                resume.save_checkpoints(ckpt_dir, names, model, optimizer, scaler, state, cfg, spm, dist)
+                resume.save_checkpoints(ckpt_dir, names, model, optimizer, scaler, state, cfg, spm, dist,
+                                        batch_source)
     bar.close()
 
-    metrics = finish.summary(state, finished(state, tcfg), out, n_params, wall(), valid,
+    # A signal during the final update still stops the run: its tests are not scored, so it is not
+    # completed; a resume finds nothing left to train and scores them.
+    metrics = finish.summary(state, finished(state, tcfg) and not interrupted, out, n_params, wall(), valid,
                              tcfg.best_metric, stopped_early(state, tcfg))
     if dist.world_size > 1:
         metrics["ddp_params_in_sync"] = finish.params_in_sync(model, dist)

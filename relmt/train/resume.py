@@ -1,6 +1,7 @@
 """What makes a run resumable: the counters saved beside the weights, the checkpoint a resume
-continues from (with a fallback when last.pt is damaged), the check that the resumed settings
-still describe the same run, and the trimming of what was logged after the saved step.
+continues from (with a fallback when last.pt is damaged), the check that the resumed settings,
+data and number of ranks still describe the same run, and the trimming of what was logged after
+the saved step.
 """
 
 from __future__ import annotations
@@ -8,13 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from relmt import checkpoint
-from relmt.config import Config, to_dict, upgrade_config
+from relmt.config import Config, DataConfig, to_dict, upgrade_config
+from relmt.data.dataset import cache_key
 from relmt.errors import UserError
 from relmt.train import distributed
 
@@ -25,6 +27,9 @@ log = logging.getLogger(__name__)
 # logging, device, decoding) may change on resume.
 BATCH_ORDER_KEYS = ("seed", "train.max_padded_tokens", "train.max_sentences", "train.update_freq")
 DATA_KEYS_FREE_ON_RESUME = ("data.cache_dir", "data.num_proc", "data.length_buckets")
+# Where the corpus lies: checkpoints that record the data's cache key (content-based) compare that
+# instead, so the same corpus copied or moved elsewhere resumes.
+DATA_LOCATION_KEYS = ("data.dir", "data.hf_path")
 
 
 @dataclass
@@ -44,6 +49,16 @@ class TrainState:
     src_tokens: int = 0
     tgt_tokens: int = 0
     init_from: dict | None = None  # the checkpoint that seeded the run (train.init_from): path, step, checksum
+    # the latest validation's figures: metrics.json's final_valid, kept here so that a run resumed
+    # after its last update (stopped during the test decoding) still reports them
+    last_valid: dict = field(default_factory=dict)
+
+
+def batch_source(data: DataConfig, world_size: int) -> dict:
+    """What the batches depend on besides the config's batch-order keys, saved in checkpoints as
+    "batches": the data's content (its cache key, which ignores where the files lie) and the number
+    of ranks (each rank draws its own share of every epoch's batches)."""
+    return {"data": cache_key(data), "world_size": world_size}
 
 
 def resume_checkpoint(ckpt_dir: Path) -> tuple[Path, dict]:
@@ -76,33 +91,55 @@ def flat(values: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def check_resume_config(saved: dict, current: dict, path: Path) -> None:
+def check_resume_config(saved: dict, current: dict, path: Path, saved_batches: dict | None = None,
+                        batches: dict | None = None) -> None:
     """Refuse a resume whose model, data or batch order differs from the saved run's; log the
-    other settings that changed. Keys one side lacks (added to relmt since) are not compared."""
+    other settings that changed. Keys one side lacks (added to relmt since) are not compared.
+    With `saved_batches` and `batches` (batch_source() of the checkpoint and of this run) the data
+    is compared by content, and the number of ranks must match."""
     old, new = flat(saved), flat(current)
     changed = [k for k in new if k in old and old[k] != new[k] and k not in ("train.resume", "out_dir")]
+    data_keys = [k for k in changed if k.startswith("data.") and k not in DATA_KEYS_FREE_ON_RESUME]
+    by_content = saved_batches is not None and batches is not None and "data" in saved_batches
+    data_differs = not by_content or saved_batches["data"] != batches["data"]
+    settings = [k for k in data_keys if not by_content or k not in DATA_LOCATION_KEYS]
     refused = [k for k in changed if k.startswith("model.") or k in BATCH_ORDER_KEYS
-               or (k.startswith("data.") and k not in DATA_KEYS_FREE_ON_RESUME)]
+               or (k in settings and data_differs)]
     if refused:
         diffs = ", ".join(f"{k}={new[k]} (saved: {old[k]})" for k in refused)
         raise UserError(f"{path}: cannot resume with {diffs}: the model, data or batch order would differ "
                         "from the saved run's; restore those settings, or start a new run directory")
+    if by_content and data_differs:  # the same data settings: the files themselves differ
+        where = {"text": f"data.dir={new.get('data.dir')}", "hf": f"data.hf_path={new.get('data.hf_path')}"}.get(
+            str(new.get("data.source")), "the toy corpus (relmt/data/toy.py changed)")
+        raise UserError(f"{path}: cannot resume: the data in {where} differs from the saved run's (cache key "
+                        f"{batches['data']}, saved: {saved_batches['data']}), so the batches would too; "
+                        "point data.* at the saved run's corpus, or start a new run directory")
+    if batches is not None and saved_batches is not None and batches["world_size"] != saved_batches["world_size"]:
+        n, m = batches["world_size"], saved_batches["world_size"]
+        raise UserError(f"{path}: cannot resume on {n} rank{'s' * (n != 1)} (saved on {m}): every rank's batches "
+                        f"would differ from the saved run's; resume with {m} (torchrun --nproc-per-node {m}), "
+                        "or start a new run directory")
     if changed:
         log.info("resuming with changed settings: %s", ", ".join(f"{k}={new[k]} (was {old[k]})" for k in changed))
 
 
-def open_checkpoint(cfg: Config, ckpt_dir: Path) -> tuple[Path | None, dict | None]:
-    """With train.resume, the checkpoint to continue from and its contents, its config checked
-    against `cfg`; else (None, None), refusing a run directory that already holds a run. With
-    train.init_from as well, a run directory without checkpoints starts a fresh run from it instead
-    (so that the same command can be requeued: relmt/train/init.py)."""
+def open_checkpoint(cfg: Config, ckpt_dir: Path, batches: dict) -> tuple[Path | None, dict | None]:
+    """With train.resume, the checkpoint to continue from and its contents, its config and
+    `batches` (batch_source() of this run) checked against it; else (None, None), refusing a run
+    directory that already holds a checkpoint (last.pt, or a step_N.pt saved just before a kill
+    kept last.pt from being linked). With train.init_from as well, a run directory without
+    checkpoints starts a fresh run from it instead (so that the same command can be requeued:
+    relmt/train/init.py)."""
     last = ckpt_dir / "last.pt"
+    saved_any = last.is_file() or bool(checkpoint.step_files(ckpt_dir))
     if not cfg.train.resume:
-        if last.is_file():
-            raise UserError(f"{cfg.out_dir} already holds a run ({last}): pass train.resume=true to continue "
+        if saved_any:
+            found = last if last.is_file() else checkpoint.step_files(ckpt_dir)[-1]
+            raise UserError(f"{cfg.out_dir} already holds a run ({found}): pass train.resume=true to continue "
                             "it, or choose another hydra.run.dir")
         return None, None
-    if cfg.train.init_from and not last.is_file() and not checkpoint.step_files(ckpt_dir):
+    if cfg.train.init_from and not saved_any:
         log.info("train.resume: no checkpoint in %s yet, so the run starts from train.init_from", ckpt_dir)
         return None, None
     path, ck = resume_checkpoint(ckpt_dir)
@@ -111,7 +148,9 @@ def open_checkpoint(cfg: Config, ckpt_dir: Path) -> tuple[Path | None, dict | No
         renamed = sorted(set(saved["train"]) - set(ck["config"]["train"]))
         log.info("%s: saved before train.lr and train.max_tokens were renamed; read as %s", path,
                  ", ".join(f"train.{k}" for k in renamed))
-    check_resume_config(saved, to_dict(cfg), path)
+    # checkpoints saved before "batches" hold one RNG state per rank: their number is the world size
+    saved_batches = ck.get("batches") or {"world_size": len(ck["rng"])}
+    check_resume_config(saved, to_dict(cfg), path, saved_batches, batches)
     return path, ck
 
 
@@ -135,15 +174,16 @@ def restore(ck: dict, path: Path, model: torch.nn.Module, optimizer: torch.optim
 
 def save_checkpoints(ckpt_dir: Path, names: list[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      scaler: torch.amp.GradScaler, state: TrainState, cfg: Config, spm: dict,
-                     dist: distributed.Dist) -> None:
+                     dist: distributed.Dist, batches: dict) -> None:
     """Write checkpoints/<name> for each of `names` (rank 0; every rank must call it, as each
-    rank's RNG state is gathered) and prune the step files beyond train.keep_last."""
+    rank's RNG state is gathered) and prune the step files beyond train.keep_last. `batches` is
+    batch_source() of the run, which a resume compares."""
     rngs = distributed.gather(checkpoint.rng_state(), dist)
     if dist.is_main:
         payload = {"format": checkpoint.CHECKPOINT_FORMAT, "model": model.state_dict(),
                    "optim": optimizer.state_dict(), "scaler": scaler.state_dict(), "step": state.step,
                    "position": {"epoch": state.epoch, "batch": state.batch}, "rng": rngs,
-                   "state": asdict(state), "config": to_dict(cfg), "spm": spm}
+                   "state": asdict(state), "config": to_dict(cfg), "spm": spm, "batches": batches}
         checkpoint.save(payload, ckpt_dir, names)
         checkpoint.prune(ckpt_dir, cfg.train.keep_last)
 
