@@ -3,12 +3,10 @@ markdown tables and JSON output. Benchmarks are scripts that print and write; ne
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import weakref
@@ -20,35 +18,15 @@ from tabulate import tabulate
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from relmt.host import host
 
 
 def hardware(device: torch.device | None = None) -> dict:
-    """What a reported figure was measured on."""
-    info = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+    """What a reported figure was measured on (relmt.host), with torch's threads and the GPU."""
+    info = {**host(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version()}
     if device is not None and device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, check=False).stdout.strip()
-        info["git"] = rev or "unknown"
-    except OSError:
-        info["git"] = "unknown"
     return info
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 # Bottom up: (layer, name, module prefixes). A module belongs to the layer of its longest prefix.
 LAYERS = [
-    (1, "config, errors, runtime", ("relmt", "relmt.config", "relmt.errors", "relmt.runtime")),
+    (1, "config, errors, runtime, host", ("relmt", "relmt.config", "relmt.errors", "relmt.runtime", "relmt.host")),
     (2, "data, model, dropout", ("relmt.data", "relmt.model", "relmt.dropout")),
     (3, "checkpoint", ("relmt.checkpoint",)),
     (4, "decode, evaluate, export", ("relmt.decode", "relmt.evaluate", "relmt.export")),

@@ -140,3 +140,42 @@ def test_the_report_names_the_sacrebleu_signatures_and_says_when_runs_differ(tmp
         assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x"]) == 0
     line = next(x for x in buf.getvalue().splitlines() if x.startswith("Signatures: "))
     assert line == (f"Signatures: sacreBLEU `{new}` (2 runs), `{old}` (1 run); chrF `{chrf}`.")
+
+
+def test_the_report_modules_import_each_other_without_a_circle():
+    """Every `relmt.report` import of every report module, TYPE_CHECKING blocks included, forms no cycle."""
+    graph = {}
+    for path in (ROOT / "relmt" / "report").glob("*.py"):
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("relmt.report"):
+                module = node.module
+                names = [module] if module != "relmt.report" else [f"relmt.report.{a.name}" for a in node.names]
+                targets.update(n.split(".")[2] for n in names)
+        graph[path.stem] = targets
+
+    def cycle(module: str, seen: tuple[str, ...]) -> tuple[str, ...] | None:
+        if module in seen:
+            return (*seen[seen.index(module):], module)
+        return next((c for t in sorted(graph.get(module, ())) if (c := cycle(t, (*seen, module)))), None)
+
+    assert [c for m in sorted(graph) if (c := cycle(m, ()))] == []
+
+
+def test_translations_and_references_split_on_newlines_only(tmp_path):
+    """A U+2028 or U+0085 inside a line (the data loader keeps them) does not split it: the seed pairs are
+    still tested, on as many translations as references."""
+    refs_dir = tmp_path / "refs"
+    refs_dir.mkdir()
+    refs = [f"ein satz nummer {i} mit\u2028trenner" if i % 3 == 0 else f"ein satz nummer {i}\x85" for i in range(30)]
+    (refs_dir / "test.de").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    for positions, seed in (("abs", 1), ("rel", 1)):
+        hyps = [r if positions == "rel" or i % 2 else "falsch" for i, r in enumerate(refs)]
+        write_run(tmp_path / "runs" / f"{positions}{seed}", config(seed, positions), {"test": {"bleu": 50.0}},
+                  translations={"test": hyps})
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "x", "--refs",
+                     str(refs_dir), "--bootstrap-samples", "100"]) == 0
+    doc = json.loads((tmp_path / "out" / "x.json").read_text())
+    (test,) = [c for c in doc["groups"][0]["significance"] if (c["baseline"], c["system"]) == ("abs", "rel")]
+    assert test["missing"] == [] and len(test["tests"]) == 1 and test["sentences"] == 30

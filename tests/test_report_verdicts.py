@@ -7,15 +7,16 @@ import random
 
 from relmt.report.significance import PairTest
 from relmt.report.verdicts import (
+    AHEAD,
     HELD,
     INCONCLUSIVE,
     MARGIN,
     NOT_HELD,
     NOT_SIGNIFICANT,
     NOT_TESTED,
-    Rule,
     combine,
     verdict,
+    within,
 )
 
 
@@ -31,7 +32,7 @@ def swapped(t: PairTest) -> PairTest:
 
 
 def test_directional_claims_reach_every_verdict():
-    ahead = Rule.ahead()
+    ahead = AHEAD
     assert verdict([pair(1, 2.0, 1.0), pair(2, 1.5, 1.0), pair(3, 0.2, 1.0)], ahead) == HELD
     assert verdict([pair(1, -2.0, 1.0), pair(2, -1.5, 1.0), pair(3, 0.2, 1.0)], ahead) == NOT_HELD
     assert verdict([pair(1, 2.0, 1.0), pair(2, 0.2, 1.0), pair(3, -0.2, 1.0)], ahead) == NOT_SIGNIFICANT
@@ -43,16 +44,16 @@ def test_the_old_asymmetry_is_gone():
     """Every seed pair at p = 0.4: rel 30.01 against abs 30.00 and rel 30.00 against abs 30.01 are both
     not significant (the means used to make the second one "did not hold")."""
     for difference in (0.01, -0.01):
-        assert verdict([pair(s, difference, 1.0) for s in (1, 2, 3)], Rule.ahead()) == NOT_SIGNIFICANT
+        assert verdict([pair(s, difference, 1.0) for s in (1, 2, 3)], AHEAD) == NOT_SIGNIFICANT
 
 
 def test_equivalence_claims_reach_every_verdict():
-    within = Rule.within(-MARGIN, MARGIN)
-    assert verdict([pair(1, 0.1, 0.5), pair(2, -0.2, 0.5)], within) == HELD
-    assert verdict([pair(1, 3.0, 0.5), pair(2, -3.0, 0.5)], within) == NOT_HELD  # outside on either side
-    assert verdict([pair(1, 0.1, 2.0), pair(2, 0.1, 0.5)], within) == INCONCLUSIVE  # one wide interval: no majority
-    assert verdict([pair(1, 0.16, 0.9)], within) == INCONCLUSIVE  # a small gap with a wide interval decides nothing
-    assert verdict([], within) == NOT_TESTED
+    equivalent = within(-MARGIN, MARGIN)
+    assert verdict([pair(1, 0.1, 0.5), pair(2, -0.2, 0.5)], equivalent) == HELD
+    assert verdict([pair(1, 3.0, 0.5), pair(2, -3.0, 0.5)], equivalent) == NOT_HELD  # outside on either side
+    assert verdict([pair(1, 0.1, 2.0), pair(2, 0.1, 0.5)], equivalent) == INCONCLUSIVE  # one wide interval: no majority
+    assert verdict([pair(1, 0.16, 0.9)], equivalent) == INCONCLUSIVE  # a small gap with a wide interval decides nothing
+    assert verdict([], equivalent) == NOT_TESTED
 
 
 def test_swapping_the_systems_flips_directional_and_keeps_equivalence_verdicts():
@@ -62,11 +63,11 @@ def test_swapping_the_systems_flips_directional_and_keeps_equivalence_verdicts()
     for _ in range(300):
         tests = [pair(s, rng.uniform(-3, 3), rng.uniform(0, 2)) for s in range(rng.randint(1, 4))]
         back = [swapped(t) for t in tests]
-        v = verdict(tests, Rule.ahead())
+        v = verdict(tests, AHEAD)
         seen.add(v)
-        assert verdict(back, Rule.ahead()) == flip[v]
-        within = Rule.within(-MARGIN, MARGIN)
-        assert verdict(back, within) == verdict(tests, within)
+        assert verdict(back, AHEAD) == flip[v]
+        equivalent = within(-MARGIN, MARGIN)
+        assert verdict(back, equivalent) == verdict(tests, equivalent)
     assert seen == {HELD, NOT_HELD, NOT_SIGNIFICANT}
 
 

@@ -1,7 +1,5 @@
 """From run directories to a Report: read, group by data set and model preset, analyse each group."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,16 +25,13 @@ class Report:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Groups by data set, model preset and recorded training-length cutoff, ordered by data name, then
-    model width, then preset name. A group's controlled-experiment runs go to its variants (a group of
-    variants only keeps them as its runs)."""
-    keys = sorted({(r.data, r.d_model, r.model, r.train_max_words or 0) for r in runs})
+    """Groups by data set, model preset and recorded training cutoff, ordered by data name, model width and
+    preset name. Controlled-experiment runs go to the group's variants (a group of variants only keeps them)."""
     groups = []
-    for k in keys:
-        data, _, model, _ = k
+    for k in sorted({(r.data, r.d_model, r.model, r.train_max_words or 0) for r in runs}):
         members = [r for r in runs if (r.data, r.d_model, r.model, r.train_max_words or 0) == k]
         standard, variants = split_variants(members)
-        groups.append(Group(data, model, standard, variants=variants) if standard else Group(data, model, members))
+        groups.append(Group(k[0], k[2], standard, variants=variants) if standard else Group(k[0], k[2], members))
     return groups
 
 
@@ -52,15 +47,10 @@ def parse_refs(values: list[str]) -> dict[str | None, Path]:
     return out
 
 
-def refs_for(refs: dict[str | None, Path], data: str) -> Path | None:
-    """The reference folder of data set `data`: its own --refs DATA=DIR, else a plain --refs DIR."""
-    return refs.get(data, refs.get(None))
-
-
 def analyse(group: Group, refs: dict[str | None, Path], n_samples: int) -> Group:
     """One group's tables, paired tests (with a reference folder for its data set), curves and claims."""
     analyse_tables(group)
-    group.refs = refs_for(refs, group.data)
+    group.refs = refs.get(group.data, refs.get(None))
     if group.refs is not None:
         group.significance = compare_group(group, group.refs, n_samples)
     group.curves = learning_curves(positions_runs(group))
@@ -72,8 +62,7 @@ def analyse(group: Group, refs: dict[str | None, Path], n_samples: int) -> Group
 
 def load(sources: list[str]) -> tuple[list[Run], list[tuple[Path, str]]]:
     """The completed runs under `sources` and the directories skipped; ReportError if there is none."""
-    dirs = find_run_dirs(sources)
-    if not dirs:
+    if not (dirs := find_run_dirs(sources)):
         raise ReportError(f"no run directories (with metrics.json and config.yaml) found in {', '.join(sources)}")
     runs, skipped = read_runs(dirs)
     if not runs:
@@ -84,8 +73,7 @@ def load(sources: list[str]) -> tuple[list[Run], list[tuple[Path, str]]]:
 
 def build_report(sources: list[str], title: str, command: str | None, refs: dict[str | None, Path] | None = None,
                  n_samples: int = 1000) -> Report:
-    """The paper-tables report of the runs under `sources`."""
     refs = refs or {}
     runs, skipped = load(sources)
-    groups = [analyse(g, refs, n_samples) for g in group_runs(runs)]
-    return Report(title, command, list(sources), runs, skipped, groups, refs, n_samples)
+    return Report(title, command, list(sources), runs, skipped, [analyse(g, refs, n_samples) for g in group_runs(runs)],
+                  refs, n_samples)

@@ -1,25 +1,16 @@
 """`relmt-report`: the paper's tables, claims and plots from relmt-train run directories.
 
-    relmt-report RUN_DIRS... --out docs/results --name NAME [--title T] [--command C] [--refs DIR | DATA=DIR ...]
-    relmt-report RUN_DIRS... --out docs/results --name length [--train-max-words N | DATA=N ...] [--refs ...]
+    relmt-report RUN_DIRS... --out DIR --name NAME [--title T] [--command C] [--refs DIR | DATA=DIR ...]
+    relmt-report RUN_DIRS... --out DIR --name length [--train-max-words N | DATA=N ...] [--refs ...]
 
-RUN_DIRS are run directories (each holds config.yaml and metrics.json) or folders that contain them
-(a Hydra multirun sweep, searched recursively). Runs whose status is not "completed" are skipped and
-listed. Runs are grouped by data set and model preset (config.yaml's model.name; older runs: a guess
-from d_model, said so in the report), seeds are aggregated as mean ± sample std (n).
-
---kind tables (the default) writes into --out:
-- NAME.md: analogues of the paper's Tables 1-3 (the paper's numbers beside relmt's for the paper's own
-  data sets; for others, sacreBLEU, chrF and lowercased tokenized BLEU per test set, with the paper's
-  findings as claims), the paired bootstrap tests seed by seed (with --refs), BLEU by source length,
-  learning curves and each claim's verdict (held, did not hold, not significant);
-- NAME_k.png (when the runs hold two or more k), NAME_length.png, NAME_curves.png; NAME.json: everything
-  aggregated.
---kind length (the default when --name is "length") writes NAME.md, NAME_buckets.png and NAME.json:
-BLEU by source-length bucket for abs, rel and both, marking the buckets longer than training.
+RUN_DIRS are run directories or folders holding them (a Hydra sweep, searched recursively); runs not
+"completed" are skipped and listed. Runs are grouped by data set and model preset; seeds are shown as
+mean ± sample std (n). --kind tables (the default) writes NAME.md (Tables 1-3, the paired tests seed by
+seed with --refs, BLEU by source length, learning curves, each claim's verdict), NAME_k.png (for a k
+sweep), NAME_length.png, NAME_curves.png and NAME.json. --kind length (the default for --name length)
+writes NAME.md, NAME_buckets.png and NAME.json: BLEU by source length, the buckets longer than training
+marked. --kind tuning writes NAME.md: the valid split of runs that differ in a few settings.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -51,17 +42,16 @@ def jsonable(obj: Any) -> Any:
 
 
 def report_json(report: Report) -> dict:
-    groups = [{"data": g.data, "model": g.model, "model_guessed": g.model_guessed, "pair": g.pair, "refs": g.refs,
+    groups = [{"data": g.data, "model": g.model, "model_guessed": any(r.model_guessed for r in g.runs), "pair": g.pair,
+               "refs": g.refs,
                "paper_numbers": g.numbers.value, "d_model": g.runs[0].d_model, "k_default": g.k_default,
                "splits": g.splits, "main_split": g.main_split, "seeds": seeds_of(g.runs),
                "runs": [str(r.path) for r in g.runs], "tables": g.tables, "significance": g.significance,
                "curves": g.curves, "claims": g.claims, "variants": [str(r.path) for r in g.variants],
                "controls": g.controls, "stages": g.stages} for g in report.groups]
-    doc = {"title": report.title, "command": report.command, "sources": report.sources,
-           "seeds": seeds_of(report.runs), "runs": report.runs,
-           "refs": {data or "*": folder for data, folder in report.refs.items()},
-           "bootstrap_samples": report.n_samples,
-           "skipped": [{"dir": p, "reason": why} for p, why in report.skipped],
+    doc = {"title": report.title, "command": report.command, "sources": report.sources, "seeds": seeds_of(report.runs),
+           "runs": report.runs, "refs": {data or "*": folder for data, folder in report.refs.items()},
+           "bootstrap_samples": report.n_samples, "skipped": [{"dir": p, "reason": why} for p, why in report.skipped],
            "verdict_rules": RULES, "groups": groups}
     if "length" in report.extra:
         doc["length"] = [{"group": i.group.name, "train_max_words": i.max_words, "source": i.source,
@@ -126,20 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         refs = parse_refs(args.refs)
         if args.kind == "tuning":
-            text = tuning_markdown(args.run_dirs, args.title, args.command)
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"{args.name}.md").write_text(text)
-            print(text, end="")
-            return 0
-        if args.kind == "length":
-            report = build_length_report(args.run_dirs, args.title, args.command, parse_cutoffs(args.train_max_words),
-                                         refs, args.bootstrap_samples)
+            (args.out / f"{args.name}.md").write_text(text := tuning_markdown(args.run_dirs, args.title, args.command))
+        elif args.kind == "length":
+            text = write_outputs(build_length_report(args.run_dirs, args.title, args.command, parse_cutoffs(
+                args.train_max_words), refs, args.bootstrap_samples), args.out, args.name, args.kind)
         else:
-            report = build_report(args.run_dirs, args.title, args.command, refs, args.bootstrap_samples)
+            text = write_outputs(build_report(args.run_dirs, args.title, args.command, refs, args.bootstrap_samples),
+                                 args.out, args.name, args.kind)
     except ReportError as exc:
         print(f"relmt-report: error: {exc}", file=sys.stderr)
         return 2
-    print(write_outputs(report, args.out, args.name, args.kind), end="")
+    print(text, end="")
     return 0
 
 

@@ -1,7 +1,5 @@
 """The numbers and conventions of Shaw, Uszkoreit & Vaswani (2018) that the report sets beside relmt's."""
 
-from __future__ import annotations
-
 from enum import Enum
 
 # relmt data set names of the paper's own corpora, and their translation direction.

@@ -1,12 +1,6 @@
-"""Paired bootstrap tests between configurations, seed by seed (Koehn 2004; relmt.evaluate.metrics).
-
-Seed s of the baseline is tested against seed s of the system on the same sentences: the
-translations a run left in translations/<split>.<tgt> against the reference file <split>.<tgt> of
-the --refs folder. Seeds are paired rather than pooled: a seed's training noise is part of what each
-pair's test sees, and the verdicts count the pairs (relmt.report.verdicts).
-"""
-
-from __future__ import annotations
+"""Paired bootstrap tests between configurations (relmt.evaluate.metrics), seed s of the baseline against
+seed s of the system: translations/<split>.<tgt> of each run against <split>.<tgt> of the --refs folder.
+Seeds are paired, not pooled: each pair's test sees one seed's training noise, and the verdicts count pairs."""
 
 import functools
 from collections.abc import Callable
@@ -52,7 +46,7 @@ class Comparison:
     sentences: int | None = None
 
     def significant(self, direction: int = 0) -> int:
-        """Seed pairs with p < ALPHA; with direction +1 (-1), only those where the system is ahead (behind)."""
+        """Seed pairs with p < ALPHA; direction +1 (-1): only those where the system is ahead (behind)."""
         return sum(t.p_value < ALPHA and (direction == 0 or t.difference * direction > 0) for t in self.tests)
 
 
@@ -139,22 +133,9 @@ def compare_group(group: Group, refs: Path, n_samples: int) -> list[Comparison]:
             for b, b_runs, s, s_runs in arms(group) for split in group.splits]
 
 
-def sources(refs: Path, run: Run, splits: list[str]) -> list[str]:
-    """The source sentences of `splits` in order, from <split>.<src> in `refs`, as long as the references."""
-    out: list[str] = []
-    for split in splits:
-        src, ref = reference_file(refs, run, split, run.src), reference_file(refs, run, split)
-        if src is None or ref is None:
-            raise OSError(f"no {split}.{run.src} and {split}.{run.tgt} in {refs}")
-        if len(lines(src)) != len(lines(ref)):
-            raise ValueError(f"{src} has {len(lines(src))} lines but {ref} has {len(lines(ref))}")
-        out += lines(src)
-    return out
-
-
 def compare_unseen(runs: list[Run], refs: Path, max_words: int, n_samples: int) -> list[Comparison]:
-    """rel against abs and both against rel on the test sentences whose source is longer than
-    `max_words` (the splits of metrics.json's by_source_length pooled, as its buckets are)."""
+    """rel against abs and both against rel on the test sentences whose source is longer than `max_words`
+    (the splits of metrics.json's by_source_length pooled, as its buckets are)."""
     splits = list(dict.fromkeys(s for r in runs for s in r.length_splits))
 
     def texts(run: Run) -> tuple[list[str], list[str]]:
@@ -166,10 +147,16 @@ def compare_unseen(runs: list[Run], refs: Path, max_words: int, n_samples: int) 
         base, other = (by_seed([r for r in runs if r.positions == p]) for p in (baseline, system))
         if not base or not other or not splits:
             continue
-        comparison = Comparison(baseline, system, f"{' + '.join(splits)}, sources over {max_words} words")
-        out.append(comparison)
-        try:
-            srcs = sources(refs, next(iter(base.values())), splits)
+        out.append(comparison := Comparison(baseline, system, f"{' + '.join(splits)}, sources over {max_words} words"))
+        try:  # the sources, in order, as long as the references
+            run, srcs = next(iter(base.values())), []
+            for split in splits:
+                src, ref = reference_file(refs, run, split, run.src), reference_file(refs, run, split)
+                if src is None or ref is None:
+                    raise OSError(f"no {split}.{run.src} and {split}.{run.tgt} in {refs}")
+                if len(lines(src)) != len(lines(ref)):
+                    raise ValueError(f"{src} has {len(lines(src))} lines but {ref} has {len(lines(ref))}")
+                srcs += lines(src)
         except (OSError, ValueError) as exc:
             comparison.missing.append(str(exc))
             continue

@@ -1,20 +1,14 @@
-"""The tuning report: runs that differ in a few settings, compared on the validation split only.
-
-Each row is one run: the settings in which the runs differ (read from their config.yaml, so no
-setting is typed by hand), the valid sacreBLEU at every validation, and the final validation's
-sacreBLEU, chrF and lowercased tokenized BLEU, and, where scripts/score_averaged.sh has scored it,
-the valid sacreBLEU of the averaged last checkpoints. Test sets play no part in tuning.
-"""
-
-from __future__ import annotations
+"""The tuning report: one row per run, on the validation split only (test sets play no part in tuning): the settings
+in which the runs' config.yaml differ, valid sacreBLEU at every validation and at the end, chrF, lowercased tokenized
+BLEU, and the averaged last checkpoints' sacreBLEU where scripts/score_averaged.sh scored them."""
 
 import json
-from pathlib import Path
 
 import yaml
 
+from relmt.host import host
 from relmt.report.runs import ReportError, Run, find_run_dirs, read_runs
-from relmt.report.text import DASH, host, md_table
+from relmt.report.text import DASH, md_table
 
 # Settings that differ between runs without being a choice being tuned.
 IGNORED = ("out_dir", "data.dir", "data.cache_dir", "train.resume", "train.progress", "train.num_threads")
@@ -23,18 +17,8 @@ IGNORED = ("out_dir", "data.dir", "data.cache_dir", "train.resume", "train.progr
 def flatten(cfg: dict, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in cfg.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
+        out.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
     return out
-
-
-def differing(configs: list[dict[str, object]]) -> list[str]:
-    """The flattened keys whose values are not the same in every run."""
-    keys = sorted({k for c in configs for k in c})
-    return [k for k in keys if k not in IGNORED and len({repr(c.get(k)) for c in configs}) > 1]
 
 
 def tuning_markdown(sources: list[str], title: str, command: str | None) -> str:
@@ -42,31 +26,28 @@ def tuning_markdown(sources: list[str], title: str, command: str | None) -> str:
     if not runs:
         raise ReportError(f"{' '.join(sources)}: no completed runs")
     configs = [flatten(yaml.safe_load((r.path / "config.yaml").read_text())) for r in runs]
-    keys = differing(configs)
+    keys = [k for k in sorted({k for c in configs for k in c})
+            if k not in IGNORED and len({repr(c.get(k)) for c in configs}) > 1]
     steps = sorted({s for r in runs for s, _ in r.curve})
     header = ["run", *keys, *(f"valid BLEU @{s}" for s in steps), "final sacreBLEU", "chrF",
               "lowercased tok. BLEU", "averaged checkpoints: sacreBLEU", "minutes"]
-    rows = [row(r, c, keys, steps) for r, c in zip(runs, configs)]
     best = max(runs, key=lambda r: r.valid.get("bleu", float("-inf")))
     h = host()
-    lines = [f"# {title}", "", f"Made by `relmt-report {' '.join(sources)} --kind tuning` on {h['date']} "
-             f"({h['cpu']}, {h['cpu_count']} cores, torch {h['torch']}, relmt {h['git']})."]
-    if command:
-        lines += ["", f"Runs: `{command}`."]
-    lines += ["", "Validation split only: the tuning runs decode no test set. BLEU is sacreBLEU (cased, 13a) "
-              "unless named otherwise; 'minutes' is the run's wall time.", "", md_table(header, rows), "",
-              f"Highest final valid sacreBLEU: {best.path.name} ({best.valid.get('bleu', float('nan')):.2f})."]
-    if skipped:
-        lines += ["", "Left out: " + "; ".join(f"{p} ({why})" for p, why in skipped)]
-    return "\n".join(lines) + "\n"
+    parts = [f"# {title}", f"Made by `relmt-report {' '.join(sources)} --kind tuning` on {h['date']} ({h['cpu']}, "
+             f"{h['cpu_count']} cores, torch {h['torch']}, relmt {h['git']}).",
+             *([f"Runs: `{command}`."] if command else []),
+             "Validation split only: the tuning runs decode no test set. BLEU is sacreBLEU (cased, 13a) unless named "
+             "otherwise; 'minutes' is the run's wall time.",
+             md_table(header, [row(r, c, keys, steps) for r, c in zip(runs, configs)]),
+             f"Highest final valid sacreBLEU: {best.path.name} ({best.valid.get('bleu', float('nan')):.2f}).",
+             *(["Left out: " + "; ".join(f"{p} ({why})" for p, why in skipped)] if skipped else [])]
+    return "\n\n".join(parts) + "\n"
 
 
 def row(run: Run, cfg: dict[str, object], keys: list[str], steps: list[int]) -> list[str]:
-    curve = dict(run.curve)
-    cells = [Path(run.path).name, *(str(cfg.get(k, DASH)) for k in keys)]
-    cells += [f"{curve[s]:.2f}" if s in curve else DASH for s in steps]
-    cells += [f"{run.valid[m]:.2f}" if m in run.valid else DASH for m in ("bleu", "chrf", "lowercased_bleu")]
-    averaged = run.path / "averaged_valid.json"  # scripts/score_averaged.sh: relmt-score of averaged.pt on valid
-    cells.append(f"{json.loads(averaged.read_text())['sacrebleu']['score']:.2f}" if averaged.is_file() else DASH)
-    cells.append(f"{run.wall_seconds / 60:.0f}" if run.wall_seconds else DASH)
-    return cells
+    curve, averaged = dict(run.curve), run.path / "averaged_valid.json"  # scripts/score_averaged.sh writes it
+    return [run.path.name, *(str(cfg.get(k, DASH)) for k in keys),
+            *(f"{curve[s]:.2f}" if s in curve else DASH for s in steps),
+            *(f"{run.valid[m]:.2f}" if m in run.valid else DASH for m in ("bleu", "chrf", "lowercased_bleu")),
+            f"{json.loads(averaged.read_text())['sacrebleu']['score']:.2f}" if averaged.is_file() else DASH,
+            f"{run.wall_seconds / 60:.0f}" if run.wall_seconds else DASH]

@@ -1,12 +1,5 @@
-"""The verdict rules, one set for every claim of every report (issue 29 §1).
-
-A claim names the region its paired difference (system − baseline, in BLEU) must lie in: (0, ∞) for
-"system ≥ baseline", (−MARGIN, MARGIN) for "about as good", (−∞, MARGIN) for "no further gain", and so
-on. Each seed pair's paired bootstrap gives a 95% interval of that difference. A pair supports the
-claim when its interval lies inside the region, contradicts it when its interval lies outside.
-"""
-
-from __future__ import annotations
+"""The verdict rules, one set for every claim of every report (issue 29 §1): a claim names the region its
+paired difference (system − baseline, BLEU) must lie in, and each seed pair's 95% interval votes."""
 
 import math
 from collections.abc import Callable
@@ -46,13 +39,12 @@ class Rule:
     region: Region
     undecided: str = INCONCLUSIVE
 
-    @classmethod
-    def ahead(cls) -> Rule:
-        return cls(lambda t: (0.0, math.inf), NOT_SIGNIFICANT)
 
-    @classmethod
-    def within(cls, low: float, high: float) -> Rule:
-        return cls(lambda t: (low, high))
+AHEAD = Rule(lambda t: (0.0, math.inf), NOT_SIGNIFICANT)  # system ≥ baseline: significantly ahead
+
+
+def within(low: float, high: float) -> Rule:
+    return Rule(lambda t: (low, high))
 
 
 def side(t: PairTest, rule: Rule) -> int:
