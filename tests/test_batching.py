@@ -1,4 +1,5 @@
-"""Token-budget batching: coverage, budget, determinism, DDP sharding, resume, collation."""
+"""Token-budget batching: coverage, budget, determinism, DDP sharding, resume, collation, and the one
+batcher (token_batches) that training, validation, decoding and reference scoring share."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from relmt.data.batching import BatchSampler, collate, iterate
+from relmt.data.batching import BatchSampler, collate, iterate, token_batches
 from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -120,3 +121,54 @@ def test_max_sentences(max_sentences):
     data = make_split(n=40)
     batches = BatchSampler(data, 10_000, max_sentences=max_sentences).epoch(0)
     assert all(len(b) <= max_sentences for b in batches)
+
+
+# --- token_batches: the one batcher ------------------------------------------------------------------------
+
+def cost(widths: tuple[np.ndarray, ...], batch: np.ndarray) -> int:
+    return len(batch) * sum(int(w[batch].max()) for w in widths)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("kind", ["training", "decoding", "scoring"])
+def test_token_batches_cover_every_index_once_within_the_budget(kind, seed):
+    rng = np.random.default_rng(seed)
+    src, tgt = rng.integers(2, 40, 300), rng.integers(1, 40, 300)
+    widths = {"training": (src, tgt + 1), "decoding": (src,), "scoring": (src, tgt)}[kind]
+    order = rng.permutation(300) if kind == "training" else None
+    batches = token_batches(widths, 200, max_sentences=6 if seed % 2 else 0, order=order)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(300))  # each index exactly once
+    assert all(cost(widths, b) <= 200 and len(b) <= (6 if seed % 2 else 300) for b in batches)
+    if order is not None:  # the batches keep the given order
+        assert np.array_equal(np.concatenate(batches), order)
+    else:  # longest first, by summed width
+        total = np.sum(widths, axis=0)
+        assert (np.diff(total[np.concatenate(batches)]) <= 0).all()
+    # greedy: each batch but the last would break the budget or the cap with the next item
+    flat = np.concatenate(batches)
+    start = 0
+    for b in batches[:-1]:
+        grown = flat[start:start + len(b) + 1]
+        assert cost(widths, grown) > 200 or len(grown) > (6 if seed % 2 else 300)
+        start += len(b)
+
+
+def test_token_batches_give_an_item_over_the_budget_a_batch_of_its_own():
+    src, tgt = np.array([3, 50, 4, 2, 60]), np.array([2, 10, 3, 1, 5])
+    batches = token_batches((src, tgt + 1), 30, order=np.arange(5))
+    assert [b.tolist() for b in batches] == [[0], [1], [2, 3], [4]]  # 1 and 4 cost 61 and 66 alone
+    assert [b.tolist() for b in token_batches((src,), 1)] == [[4], [1], [2], [0], [3]]  # longest first
+    assert token_batches((np.array([], dtype=np.int64),), 10) == []
+
+
+def test_token_batches_count_padding_as_the_callers_document():
+    """Training: B x (longest source + longest target + 1) <= train.max_padded_tokens (README);
+    decoding: B x (longest source + EOS) <= decode.max_source_tokens, source tokens only."""
+    src, tgt = np.array([4, 4, 4]), np.array([5, 5, 5])
+    assert [len(b) for b in token_batches((src, tgt + 1), 30, order=np.arange(3))] == [3]  # 3 x (4 + 6) = 30
+    assert [len(b) for b in token_batches((src, tgt + 1), 29, order=np.arange(3))] == [2, 1]
+    assert [len(b) for b in token_batches((src,), 12)] == [3]  # the targets do not count
+    data = make_split(n=200)
+    for b in BatchSampler(data, 300, seed=2).epoch(0):  # the sampler cuts with it
+        batch = collate(data, b)
+        assert batch.src.numel() + batch.tgt_in.numel() == cost((data.src_lens, data.tgt_lens + 1), b) <= 300

@@ -14,8 +14,9 @@ import torch
 
 from relmt.cli import _translate, guarded
 from relmt.config import DecodeConfig
+from relmt.data.batching import token_batches
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from relmt.decode.reference import pair_batches, score_references
+from relmt.decode.reference import score_references
 from relmt.decode.search import decode_sources
 from relmt.decode.translator import Translator
 from relmt.errors import UserError
@@ -63,10 +64,10 @@ def test_scores_are_minus_the_teacher_forced_loss(ckpt):
 
 def test_batches_hold_at_most_max_tokens():
     src, tgt = torch.tensor([3, 9, 4, 1, 7]).numpy(), torch.tensor([2, 8, 6, 2, 1]).numpy()
-    batches = pair_batches(src, tgt, max_tokens=30)
+    batches = token_batches((src, tgt), 30)  # as score_references cuts them
     assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
     assert all(len(b) * (src[b].max() + tgt[b].max()) <= 30 or len(b) == 1 for b in batches)
-    assert [len(b) for b in pair_batches(src, tgt, max_tokens=1)] == [1] * 5
+    assert [len(b) for b in token_batches((src, tgt), 1)] == [1] * 5
 
 
 def test_the_score_of_a_beam_hypothesis_is_its_log_probability(ckpt):

@@ -49,15 +49,16 @@ def test_api_translates_in_input_order(ckpt):
     assert batch == [translator.translate([s], beam=4, max_len_b=8)[0] for s in SENTENCES]
 
 
-def test_source_batches_cap_sentences_and_tokens():
-    from relmt.decode.search import source_batches
+def test_decoding_batches_cap_sentences_and_source_tokens():
+    """decode_sources cuts its batches with relmt.data.batching.token_batches, counting source tokens only."""
+    from relmt.data.batching import token_batches
 
     lens = np.array([3, 9, 1, 4, 4, 7, 2])
-    batches = source_batches(lens, max_source_tokens=20, max_sentences=2)
+    batches = token_batches((lens,), 20, max_sentences=2)
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(lens)))
     assert all(1 <= len(b) <= 2 and len(b) * lens[b].max() <= 20 for b in batches)
     assert [lens[i] for b in batches for i in b] == sorted(lens.tolist(), reverse=True)
-    assert [len(b) for b in source_batches(lens, 20)] == [2, 5]  # no sentence cap: 2 x 9, then 5 x 4
+    assert [len(b) for b in token_batches((lens,), 20)] == [2, 5]  # no sentence cap: 2 x 9, then 5 x 4
 
 
 def test_a_sentence_cap_changes_the_batches_not_the_translations(ckpt):

@@ -6,12 +6,15 @@ about 4096 tokens per GPU). Examples are sorted by length (ties broken by a seed
 packed greedily, which keeps padding low; then the batch order is shuffled. All ranks of a DDP run
 compute the same batch list and take disjoint, equally many batches of it. A position in training
 is (epoch, batch index), so a run can resume mid-epoch at exactly the batch it stopped before.
+
+`token_batches` is the one token-budget batcher: validation, relmt-translate (source tokens only)
+and reference scoring (relmt/decode) cut their batches with it too.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,17 +70,29 @@ def collate(data: SplitIds, index: np.ndarray) -> Batch:
                  torch.from_numpy(np.asarray(index, dtype=np.int64)))
 
 
-def pack(src_lens: np.ndarray, tgt_lens: np.ndarray, order: np.ndarray, max_tokens: int,
-         max_sentences: int = 0) -> list[np.ndarray]:
-    """Greedily cut `order` into consecutive batches whose padded cost stays within max_tokens."""
-    batches, start, max_s, max_t = [], 0, 0, 0
-    for pos, i in enumerate(order):
-        s, t = max(max_s, src_lens[i]), max(max_t, tgt_lens[i] + 1)
-        size = pos - start + 1
-        if pos > start and (size * (s + t) > max_tokens or (max_sentences and size > max_sentences)):
+def token_batches(widths: Sequence[np.ndarray], max_tokens: int, max_sentences: int = 0,
+                  order: np.ndarray | None = None) -> list[np.ndarray]:
+    """Cut items into consecutive batches within a token budget, padding included: the one batcher
+    of training, validation, decoding and reference scoring.
+
+    widths: one (N,) array per padded tensor of a batch, in tokens: a batch of B items costs
+    B x (the sum over `widths` of the batch's widest item). Training counts (source, target + 1),
+    the +1 being the BOS/EOS framing of the target; decoding counts (source + EOS,) alone.
+    `order` is the order items are cut in (default: widest first by summed width, ties in index
+    order). A batch is closed before the item that would take it past max_tokens, or past
+    max_sentences items (0 = no cap). An item over max_tokens on its own gets a batch of its own.
+    Every index of `order` is in exactly one batch, and the batches keep its order."""
+    if order is None:
+        order = np.argsort(-np.sum(widths, axis=0), kind="stable")
+    rows = zip(*(np.asarray(w)[order].tolist() for w in widths))  # Python ints: a fast loop
+    batches, start, widest = [], 0, (0,) * len(widths)
+    cap = max_sentences or len(order)
+    for pos, row in enumerate(rows):
+        grown = tuple(map(max, widest, row))
+        if pos > start and ((pos - start + 1) * sum(grown) > max_tokens or pos - start >= cap):
             batches.append(order[start:pos])
-            start, s, t = pos, src_lens[i], tgt_lens[i] + 1
-        max_s, max_t = s, t
+            start, grown = pos, row
+        widest = grown
     if len(order) > start:
         batches.append(order[start:])
     return batches
@@ -91,6 +106,7 @@ class BatchSampler:
         self.src_lens, self.tgt_lens = data.src_lens, data.tgt_lens
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
         self.rank, self.world_size, self.max_sentences = rank, world_size, max_sentences
+        self.widths = (self.src_lens, self.tgt_lens + 1)  # the target framed by BOS / EOS
         cost = self.src_lens + self.tgt_lens + 1
         self.fits = np.flatnonzero(cost <= max_tokens)
         if len(self.fits) < len(cost):
@@ -103,7 +119,7 @@ class BatchSampler:
         idx = rng.permutation(self.fits) if self.shuffle else self.fits
         # sort by length; the shuffle above breaks ties differently each epoch (lexsort is stable)
         order = idx[np.lexsort((self.tgt_lens[idx], self.src_lens[idx]))]
-        batches = pack(self.src_lens, self.tgt_lens, order, self.max_tokens, self.max_sentences)
+        batches = token_batches(self.widths, self.max_tokens, self.max_sentences, order)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         per_rank = len(batches) // self.world_size

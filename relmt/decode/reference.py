@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from relmt.data.batching import token_batches
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.ensemble import Ensemble
 from relmt.decode.search import capped_lengths
@@ -38,23 +39,6 @@ class ReferenceScore:
     @property
     def per_token(self) -> float:
         return self.logprob / self.tokens
-
-
-def pair_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Indices sorted by source + target length (longest first), cut so that B x (longest source +
-    longest target) <= max_tokens; a pair longer than that alone gets a batch of its own."""
-    order = np.argsort(-(src_lens + tgt_lens), kind="stable")
-    batches, batch, width_src, width_tgt = [], [], 0, 0
-    for i in order:
-        s, t = max(width_src, int(src_lens[i])), max(width_tgt, int(tgt_lens[i]))
-        if batch and (len(batch) + 1) * (s + t) > max_tokens:
-            batches.append(np.array(batch))
-            batch, s, t = [], int(src_lens[i]), int(tgt_lens[i])
-        batch.append(i)
-        width_src, width_tgt = s, t
-    if batch:
-        batches.append(np.array(batch))
-    return batches
 
 
 @torch.no_grad()
@@ -72,7 +56,8 @@ def score_references(model: Transformer | Ensemble, sources: Sequence[np.ndarray
     was_training = model.training
     model.eval()
     try:
-        for index in pair_batches(src_lens, tgt_lens, max_tokens):
+        # longest pair first, B x (longest source + longest reference) <= max_tokens
+        for index in token_batches((src_lens, tgt_lens), max_tokens):
             src = np.full((len(index), src_lens[index].max()), PAD_ID, dtype=np.int64)  # (B, S)
             tgt = np.full((len(index), tgt_lens[index].max() + 1), PAD_ID, dtype=np.int64)  # (B, 1 + T)
             for row, i in enumerate(index):

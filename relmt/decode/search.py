@@ -21,6 +21,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from relmt.config import DecodeConfig, EosCandidates
+from relmt.data.batching import token_batches
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import Hypothesis, beam_search
 from relmt.decode.ensemble import Ensemble
@@ -28,21 +29,6 @@ from relmt.decode.sampling import sample
 from relmt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
-
-
-def source_batches(src_lens: np.ndarray, max_source_tokens: int, max_sentences: int = 0) -> list[np.ndarray]:
-    """Indices sorted by source length (longest first), cut so that B x max length <=
-    max_source_tokens (a longer single sentence still gets a batch of its own) and, if
-    max_sentences > 0, B <= max_sentences."""
-    order = np.argsort(-src_lens, kind="stable")
-    batches, start = [], 0
-    while start < len(order):
-        width = max(int(src_lens[order[start]]), 1)
-        size = max(1, max_source_tokens // width)
-        size = min(size, max_sentences) if max_sentences else size
-        batches.append(order[start:start + size])
-        start += size
-    return batches
 
 
 def output_weight(model: Transformer | Ensemble, device: torch.device) -> Tensor | tuple | None:
@@ -116,7 +102,8 @@ def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray |
     model.eval()
     weight = output_weight(model, device)
     try:
-        batches = source_batches(lens[todo] + 1, cfg.max_source_tokens, cfg.max_sentences)
+        # longest first, B x (longest source + EOS) <= max_source_tokens; a longer source alone
+        batches = token_batches((lens[todo] + 1,), cfg.max_source_tokens, cfg.max_sentences)
         for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
             index = todo[batch]
             src = np.full((len(index), lens[index].max() + 1), PAD_ID, dtype=np.int64)  # (B, S): ids, EOS, PAD

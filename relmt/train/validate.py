@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from relmt.config import DecodeConfig
-from relmt.data.batching import collate, pack
+from relmt.data.batching import collate, token_batches
 from relmt.data.dataset import Corpus, SplitIds
 from relmt.decode.search import decode_sources
 from relmt.evaluate.metrics import chrf_score, lowercased_bleu, moses_lang, sacrebleu_score, tokenized_bleu
@@ -24,11 +24,11 @@ from relmt.train.loss import label_smoothed_nll
 
 def eval_batches(data: SplitIds, max_tokens: int) -> list[np.ndarray]:
     """Every example of a split, sorted by length and packed within `max_tokens` (padded cost as in
-    training). Unlike the training sampler nothing is dropped: `pack` puts an example whose cost alone
-    exceeds `max_tokens` into a batch of its own."""
+    training). Unlike the training sampler nothing is dropped: `token_batches` puts an example
+    whose cost alone exceeds `max_tokens` into a batch of its own."""
     src_lens, tgt_lens = data.src_lens, data.tgt_lens
     order = np.lexsort((tgt_lens, src_lens))  # by source length, then target length
-    return pack(src_lens, tgt_lens, order, max_tokens)
+    return token_batches((src_lens, tgt_lens + 1), max_tokens, order=order)
 
 
 @torch.no_grad()
