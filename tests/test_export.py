@@ -23,11 +23,12 @@ import torch
 
 from relmt import checkpoint
 from relmt.cli import _export, guarded
-from relmt.config import Config, EosCandidates, ModelConfig, Norm, PosKind, compose, to_dict
+from relmt.config import Config, DecodeConfig, EosCandidates, ModelConfig, Norm, PosKind, compose, to_dict
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from relmt.decode.translator import Translator
 from relmt.errors import UserError
 from relmt.export.ctranslate2 import export
+from relmt.export.decoding import translate_options
 from relmt.model.transformer import Transformer, build_model
 
 WORDS = ("the a my dog cat bird king frog saw chased found ran slept big small red old near river house "
@@ -64,11 +65,11 @@ def without_special_tokens(model: Transformer) -> None:
         model.tgt_embed.weight[:, 0] = column
 
 
-def random_checkpoint(directory: Path, spm_path: Path, **fields) -> Path:
+def random_checkpoint(directory: Path, spm_path: Path, decode: DecodeConfig | None = None, **fields) -> Path:
     """A checkpoint of a random small model (seeded), as training would save it."""
     cfg = Config(model=ModelConfig(**{"d_model": 32, "n_heads": 4, "d_ff": 64, "encoder_layers": 2,
                                       "decoder_layers": 2, "max_relative_position": 3,
-                                      "relative_share_heads": True, **fields}))
+                                      "relative_share_heads": True, **fields}), decode=decode or DecodeConfig())
     tokenizer = Tokenizer(spm_path)
     torch.manual_seed(0)
     model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID)
@@ -79,14 +80,19 @@ def random_checkpoint(directory: Path, spm_path: Path, **fields) -> Path:
     return directory / "model.pt"
 
 
-def ct2_hypotheses(model_dir: Path, sentences: list[str], **options) -> list[list[tuple[list[int], float]]]:
-    """(ids, score) of each returned hypothesis, translating with the exported directory alone."""
+def ct2_translate(model_dir: Path, sentences: list[str], **options) -> list[list[tuple[list[int], float]]]:
+    """(ids, score) of each returned hypothesis, translating with the exported directory alone and
+    only the options given (CTranslate2's defaults for the rest)."""
     sp = spm.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
     translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=1)
-    results = translator.translate_batch(sp.encode(sentences, out_type=str), beam_size=BEAM, return_scores=True,
-                                         max_batch_size=4, **options)
+    results = translator.translate_batch(sp.encode(sentences, out_type=str), return_scores=True, **options)
     return [[([sp.piece_to_id(p) for p in hyp], score) for hyp, score in zip(r.hypotheses, r.scores)]
             for r in results]
+
+
+def ct2_hypotheses(model_dir: Path, sentences: list[str], **options) -> list[list[tuple[list[int], float]]]:
+    """ct2_translate at beam BEAM."""
+    return ct2_translate(model_dir, sentences, beam_size=BEAM, max_batch_size=4, **options)
 
 
 CASES = {
@@ -124,6 +130,33 @@ def test_forced_length_beam_search_matches_relmt(case, spm_model, tmp_path):
         assert all(len(h.tokens) == FORCED for h in mine)
         np.testing.assert_allclose([s * ct2_penalty for _, s in other], [h.score * gnmt for h in mine],
                                    rtol=1e-4, err_msg=sentence)
+
+
+# --- the checkpoint's decoding settings (relmt_export.json) as CTranslate2 options ---------------------------
+
+@pytest.mark.parametrize("decode", [
+    DecodeConfig(beam=1, max_len_a=1.0, max_len_b=1, max_source_len=4),  # greedy; sources cut to 4 pieces
+    DecodeConfig(beam=4, nbest=2, lenpen=0.6, max_len_a=0.0, max_len_b=5, eos_candidates=EosCandidates.fairseq),
+    DecodeConfig(sampling=True, beam=1, topk=1, lenpen=0.6, max_len_a=0.0, max_len_b=5),  # topk 1: the argmax
+], ids=["greedy", "beam4", "sampling-top1"])
+def test_translate_options_decode_as_the_checkpoint_does(decode, spm_model, tmp_path):
+    """The random model never ends with EOS (without_special_tokens), so every output runs to the
+    step limit floor(a * |x| + b) of its (capped) source: the same lengths, hence the same length
+    penalty for all of a sentence's hypotheses, and the same tokens, one sentence per call."""
+    ck = random_checkpoint(tmp_path, spm_model, decode=decode, positions=PosKind.rel)
+    out = export(ck, tmp_path / "ct2")
+    ours = Translator.from_checkpoint(ck, device="cpu").hypotheses(SENTENCES)  # the checkpoint's settings
+    sp = spm.SentencePieceProcessor(model_file=str(out / "sentencepiece.model"))
+    for sentence, mine in zip(SENTENCES, ours):
+        options = translate_options(out, longest_source=len(sp.encode(sentence)))
+        theirs = ct2_translate(out, [sentence], **options)[0]
+        assert [h.tokens for h in mine] == [ids for ids, _ in theirs], sentence
+        # the same log-probabilities, under their own length penalties (CT2: |y|^alpha; relmt: GNMT's)
+        n, alpha = len(mine[0].tokens), decode.lenpen
+        np.testing.assert_allclose([s * n ** alpha for _, s in theirs],
+                                   [h.score * ((5 + n) / 6) ** alpha for h in mine], rtol=1e-4, err_msg=sentence)
+    # CTranslate2's own defaults (beam 2, at most 256 tokens) decode otherwise
+    assert len(ct2_translate(out, SENTENCES[:1])[0][0][0]) == 256 != len(ours[0][0].tokens)
 
 
 # --- a trained model, decoding freely --------------------------------------------------------------------

@@ -5,7 +5,8 @@
 
 The directory holds CTranslate2's model.bin, config.json and shared_vocabulary.json (the
 sentencepiece pieces in id order), and beside them sentencepiece.model (the checkpoint's own) and
-relmt_export.json (what was exported, from where, with which settings).
+relmt_export.json (what was exported, from where, with which settings, the checkpoint's decode
+config among them: relmt.export.decoding.translate_options turns it into CTranslate2's options).
 
 How the relmt model maps onto CTranslate2's TransformerSpec:
 - embeddings are multiplied by sqrt(d_model) in every position mode (CT2's scale_embeddings), and
@@ -55,13 +56,13 @@ from relmt import checkpoint
 from relmt.config import ModelConfig, from_dict, to_dict
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from relmt.errors import UserError
+from relmt.export.decoding import INFO_FILE
 from relmt.model.attention import MultiHeadAttention
 from relmt.model.positions import sinusoidal_encoding
 from relmt.model.transformer import DecoderLayer, EncoderLayer, FeedForward, Transformer, build_model
 
 QUANTIZATIONS = ACCEPTED_MODEL_TYPES
 SPM_FILE = "sentencepiece.model"
-INFO_FILE = "relmt_export.json"
 
 
 PER_HEAD = ("model.relative_share_heads=false: this model has one a^K/a^V table per attention head "
