@@ -138,8 +138,8 @@ def md_controls(table: dict | None) -> str | None:
              f"{table['updates']} updates). It is set beside each configuration that differs from it in exactly one "
              "setting, so each difference measures one change (relmt/report/controls.py). sacreBLEU, mean ± std (n "
              "seeds); the difference is the variant's mean minus the control's. Where the report has the references, "
-             "seed s of the variant is tested against seed s of the control with sacreBLEU's paired bootstrap (p < "
-             "0.05)."]
+             "seed s of the variant is tested against seed s of the control with the paired bootstrap (two-sided "
+             "p < 0.05)."]
     for row in table["rows"]:
         lines = [[f"**{row['label']}**", DASH, *(fmt(row["bleu"].get(s)) for s in splits)]]
         for c in row["controls"]:
