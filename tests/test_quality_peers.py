@@ -18,6 +18,9 @@ ROOT = Path(__file__).parents[1]
 _spec = importlib.util.spec_from_file_location("quality_peers", ROOT / "scripts" / "quality_peers.py")
 qp = sys.modules["quality_peers"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(qp)
+_spec = importlib.util.spec_from_file_location("quality_peers_report", ROOT / "scripts" / "quality_peers_report.py")
+rp = sys.modules["quality_peers_report"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rp)
 ONMT = Path(os.environ.get("RELMT_PEERS", "/tmp/relmt-peers")) / "onmt"
 
 
@@ -68,3 +71,35 @@ def test_onmt_runs_end_to_end_on_a_tiny_corpus(tmp_path):
     metrics = json.loads((tmp_path / "out" / "onmt_rel_s1" / "metrics.json").read_text())
     assert set(metrics["test"]) == {"test", "test_2017_flickr", "test_2017_mscoco"} and metrics["tgt_tokens"] > 0
     assert len((tmp_path / "out" / "onmt_rel_s1" / "translations" / "test.de").read_text().split("\n")) == 6
+
+
+def test_the_page_tests_relmt_against_onmt_seed_by_seed(tmp_path):
+    """scripts/quality_peers_report.py on fabricated runs: OpenNMT-py abs corrupts every sentence, so relmt
+    abs (perfect on test_2017_mscoco) is significantly ahead there; OpenNMT-py rel translates exactly as
+    relmt rel, so that claim is not significant."""
+    from tests.report_runs import SPLITS, config, corrupt, hypotheses, scores, write_refs, write_run
+
+    refs = write_refs(tmp_path / "refs")
+    for positions in ("abs", "rel"):
+        for seed in (1, 2):
+            hyps = {s: hypotheses(s, positions, seed, refs[s]) for s in SPLITS}
+            run = write_run(tmp_path / "relmt" / f"t1_{positions}_s{seed}", config(seed, positions),
+                            {s: scores(hyps[s], refs[s]) for s in SPLITS}, translations=hyps)
+            metrics = json.loads((run / "metrics.json").read_text())
+            (run / "metrics.json").write_text(json.dumps({**metrics, "tokens_per_s": 2000.0, "train_seconds": 3600.0}))
+            peer = {s: [corrupt(r) for r in refs[s]] if positions == "abs" else hyps[s] for s in SPLITS}
+            onmt = tmp_path / "onmt" / f"onmt_{positions}_s{seed}"
+            (onmt / "translations").mkdir(parents=True)
+            for s in SPLITS:
+                (onmt / "translations" / f"{s}.de").write_text("".join(h + "\n" for h in peer[s]))
+            test = {s: {"sacrebleu": {"score": scores(peer[s], refs[s])["bleu"]}} for s in SPLITS}
+            (onmt / "metrics.json").write_text(json.dumps({"seed": seed, "positions": positions, "steps": 3000,
+                                                           "train_seconds": 3000.0, "tgt_tokens": 2871, "test": test}))
+    out = tmp_path / "page"
+    assert rp.main(["--relmt", str(tmp_path / "relmt"), "--peers", str(tmp_path / "onmt"), "--refs",
+                    str(tmp_path / "refs"), "--out", str(out), "--bootstrap-samples", "200"]) == 0
+    claims = json.loads(out.with_suffix(".json").read_text())["claims"]
+    verdicts = {(c["name"], c["split"]): c["verdict"] for c in claims}
+    assert verdicts[("relmt abs ≥ OpenNMT-py abs", "test_2017_mscoco")] == "held"
+    assert {verdicts[("relmt rel ≥ OpenNMT-py rel", s)] for s in SPLITS} == {"not significant"}
+    assert "| onmt_rel_s2 | 50 | 2871 | 2871 |" in out.with_suffix(".md").read_text()
