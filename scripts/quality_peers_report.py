@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = md_table(["run", "training minutes", "target tokens per update", "target tokens/s"],
                     [[k, f"{v['train_minutes']:.0f}", f"{v['tgt_tokens_per_update']:.0f}",
                       f"{v['tgt_tokens_per_s']:.0f}"] for k, v in doc["runs"].items()])
-    hw = host()
+    hw, n = host(), sum(k.startswith("onmt") for k in doc["runs"])
     text = "\n\n".join([
-        "# relmt against OpenNMT-py 3.5.1 on Multi30k EN→DE at equal budget",
+        "# relmt against OpenNMT-py 3.5.1 on Multi30k EN→DE at equal budget"
+        + ("" if n == 6 else f" (in progress: {n} of 6 OpenNMT-py runs)"),
         f"Made by `python scripts/quality_peers_report.py` on {hw['date']} ({hw['cpu']}, {hw['cpu_count']} cores, "
         f"torch {hw['torch']}, git {hw['git']}) from the runs of `scripts/run_queue.sh "
         "scripts/queues/multi30k_tables.txt` (relmt) and `scripts/quality_peers.sh` (OpenNMT-py).",
