@@ -141,6 +141,10 @@ class DataConfig:
     spm_input_sentence_size: int = 2_000_000  # sentences sampled for spm training on big corpora
     # identity: decoding gives back the input's characters (outer spaces trimmed, runs squeezed)
     spm_normalization: SpmNormalization = SpmNormalization.identity
+    # lowercase every input, as the Multi30k literature's data are (Wu et al. 2021): a sentencepiece
+    # rule table (str.lower of each character), stored in the model, so training, translation and
+    # export all see lowercased text, and the model writes lowercase. Needs spm_normalization=identity.
+    lowercase: bool = False
     # training-pair filters (evaluation splits are never filtered)
     max_tokens_per_side: int = 256
     max_length_ratio: float = 3.0  # drop pairs whose longer side exceeds ratio x the shorter; 0 = off
@@ -171,6 +175,9 @@ class DataConfig:
                and self.length_buckets[0] >= 1, "data.length_buckets",
                f"must be increasing edges >= 1, got {list(self.length_buckets)}")
         _check(0 < self.spm_character_coverage <= 1, "data.spm_character_coverage", "must be in (0, 1]")
+        _check(not self.lowercase or self.spm_normalization == SpmNormalization.identity, "data.lowercase",
+               f"needs data.spm_normalization=identity (got {self.spm_normalization.value}): sentencepiece "
+               "takes one rule table, and lowercasing is one")
         t = self.toy
         _check(t.max_words >= 2, "data.toy.max_words", "must be >= 2")
         for name in ("n_train", "n_valid", "n_test", "n_test_long"):

@@ -11,7 +11,7 @@ import pytest
 from relmt.config import DataConfig, Source, SpmModel, SpmNormalization, ToyConfig
 from relmt.data.dataset import cache_key, prepare
 from relmt.data.sources import decode_lines, load_pairs, read_lines
-from relmt.data.tokenizer import EOS_ID
+from relmt.data.tokenizer import EOS_ID, Tokenizer, lowercase_rules
 from relmt.errors import UserError
 
 EN = ["the cat sits", "a dog runs fast", "the bird sings", "two cats sleep", "one dog barks",
@@ -241,6 +241,35 @@ def test_normalization_is_configurable_and_in_the_cache_key(tmp_path):
     assert cache_key(nfkc) != cache_key(default)
     tok = prepare(nfkc).tokenizer
     assert tok.decode(tok.encode([ROUND_TRIP])) == ["the dog ... eats 1⁄2 of a fine fish on page 12"]
+
+def test_lowercase_is_stored_in_the_model_and_keeps_eszett(tmp_path):
+    """data.lowercase (Wu et al. 2021's data are lowercased): the rule travels inside the sentencepiece
+    model, so a tokenizer loaded from it alone lowercases its input; 'ß' stays, unlike nfkc_cf's 'ss'."""
+    d = tmp_path / "corpus"
+    upper = ["Der Mann auf der Straße", "Zwei ÄRZTE gehen", "Ein Hund läuft"]
+    write_text(d, "train", (EN + upper) * 3, (DE + upper) * 3)
+    write_text(d, "valid", EN[:3], DE[:3])
+    write_text(d, "test", EN[:3], DE[:3])
+    cfg = text_cfg(tmp_path, spm_model_type=SpmModel.bpe, vocab_size=120, lowercase=True)
+    assert cache_key(cfg) != cache_key(text_cfg(tmp_path, spm_model_type=SpmModel.bpe, vocab_size=120))
+    corpus = prepare(cfg)
+    loaded = Tokenizer("spm.model", model=corpus.tokenizer.model_bytes())
+    assert loaded.decode(loaded.encode(["Der Mann auf der STRASSE und der Straße"])) == [
+        "der mann auf der strasse und der straße"]
+    assert all(p == p.lower() for p in (loaded.sp.id_to_piece(i) for i in range(loaded.vocab_size)))
+
+
+def test_lowercase_needs_the_identity_rule(tmp_path):
+    with pytest.raises(ValueError, match=r"data\.lowercase: needs data\.spm_normalization=identity \(got nfkc\)"):
+        text_cfg(tmp_path, lowercase=True, spm_normalization=SpmNormalization.nfkc)
+
+
+def test_lowercase_rules_map_each_character_to_str_lower():
+    rows = dict(line.split("\t") for line in lowercase_rules().splitlines())
+    assert rows["41"] == "61" and rows["C4"] == "E4" and rows["130"] == "69 307"  # A, Ä, İ -> i + dot
+    assert "DF" not in rows and "61" not in rows  # ß and a stay
+    assert all(chr(int(k, 16)).lower() == "".join(chr(int(c, 16)) for c in v.split()) for k, v in rows.items())
+
 
 # --- Hugging Face sources, offline: local data of the same shape as the Hub datasets ---------
 

@@ -256,7 +256,7 @@ def _build(cfg: DataConfig, out: Path) -> dict:
     spm_path = out / "spm.model"
     train_tokenizer(itertools.chain([first], sentences), spm_path, cfg.vocab_size, cfg.spm_model_type.value,
                     cfg.spm_character_coverage, cfg.spm_input_sentence_size, num_threads=max(cfg.num_proc, 2),
-                    normalization=cfg.spm_normalization.value)
+                    normalization=cfg.spm_normalization.value, lowercase=cfg.lowercase)
     t_spm = time.perf_counter()
     features = datasets.Features({
         "src": datasets.Value("string"), "tgt": datasets.Value("string"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,32 +23,50 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model_type: str,
                     character_coverage: float = 1.0, input_sentence_size: int = 2_000_000,
-                    seed: int = 1, num_threads: int = 2, normalization: str = "identity") -> None:
+                    seed: int = 1, num_threads: int = 2, normalization: str = "identity",
+                    lowercase: bool = False) -> None:
     """Train a sentencepiece model on `sentences` and write it to `path` atomically.
 
     `vocab_size` is an upper bound (hard_vocab_limit=False): a small corpus such as the toy one has
     fewer word types than a typical setting. Above `input_sentence_size` sentences, spm samples.
     `normalization` is spm's normalization_rule_name (config.SpmNormalization). spm's own default,
     nmt_nfkc, rewrites '…' as '...' and 'ﬁ' as 'fi' for good, so the decoded output could never match
-    such characters in a raw reference; identity keeps them.
+    such characters in a raw reference; identity keeps them. `lowercase` replaces the rule by
+    `lowercase_rules`, which spm stores in the model and applies to every input.
     """
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-        model_type=model_type, character_coverage=character_coverage,
-        input_sentence_size=input_sentence_size, shuffle_input_sentence=True, hard_vocab_limit=False,
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, num_threads=num_threads,
-        normalization_rule_name=normalization,
-        # Leading, trailing and repeated spaces are still squeezed, under every rule: BLEU splits on
-        # whitespace, so they never change a score, and keeping them would spend pieces on space runs.
-        remove_extra_whitespaces=True,
-        minloglevel=2,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        rules = Path(tmp) / "lowercase.tsv"
+        rules.write_text(lowercase_rules() if lowercase else "", encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage,
+            input_sentence_size=input_sentence_size, shuffle_input_sentence=True, hard_vocab_limit=False,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, num_threads=num_threads,
+            normalization_rule_name=normalization,
+            # Leading, trailing and repeated spaces are still squeezed, under every rule: BLEU splits on
+            # whitespace, so they never change a score, and keeping them would spend pieces on space runs.
+            remove_extra_whitespaces=True,
+            minloglevel=2, **({"normalization_rule_tsv": str(rules)} if lowercase else {}),
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(model.getvalue())
     os.replace(tmp, path)
+
+
+def lowercase_rules() -> str:
+    """A sentencepiece normalization table (hex code points, tab, hex code points) that maps each
+    character to `str.lower` of it: 'Ä' -> 'ä', 'İ' -> 'i̇'; 'ß' stays (case folding, nfkc_cf, would
+    write 'ss', which a lowercased reference does not have)."""
+    rows = []
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:  # surrogates are no characters
+            continue
+        if (low := chr(cp).lower()) != chr(cp):
+            rows.append(f"{cp:X}\t{' '.join(f'{ord(c):X}' for c in low)}\n")
+    return "".join(rows)
 
 
 class Tokenizer:

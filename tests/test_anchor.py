@@ -1,0 +1,38 @@
+"""The published anchor's recipe (issue 30 §2): experiment=multi30k_wu2021 holds Wu et al. (2021)'s settings as
+docs/results/multi30k_anchor.md states them, and scripts/wu2021_batches.py batches as fairseq does."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from relmt.config import LrSchedule, Norm, PosKind, compose
+
+ROOT = Path(__file__).parents[1]
+_spec = importlib.util.spec_from_file_location("wu2021_batches", ROOT / "scripts" / "wu2021_batches.py")
+wb = sys.modules["wu2021_batches"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wb)
+
+
+def test_the_experiment_is_wu_et_al_transformer_tiny():
+    cfg = compose(["experiment=multi30k_wu2021"])
+    m, d, t, dec = cfg.model, cfg.data, cfg.train, cfg.decode
+    assert (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.n_heads) == (4, 4, 128, 256, 4)
+    assert (m.positions, m.norm, m.share_embeddings) == (PosKind.abs, Norm.post, True)
+    assert (m.dropout, m.attention_dropout, m.activation_dropout) == (0.3, 0.0, 0.0)
+    assert d.lowercase and d.vocab_size == 10000 and d.max_length_ratio == 0
+    assert (t.lr_schedule, t.peak_lr, t.warmup_steps, t.max_steps) == (LrSchedule.inverse_sqrt, 0.005, 2000, 8000)
+    assert (t.adam_betas, t.adam_eps, t.clip_norm, t.label_smoothing) == ([0.9, 0.98], 1e-8, 25.0, 0.1)
+    # one "epoch" = 61 updates: validated (loss, patience 10), saved, and the last 10 averaged for the tests
+    assert t.eval_every == t.save_every == 61 and (t.best_metric.value, t.patience, t.valid_bleu) == ("loss", 10, False)
+    assert (t.keep_last, t.average_last, t.test_checkpoint.value) == (10, 10, "averaged")
+    assert (dec.beam, dec.lenpen) == (5, 1.0)
+
+
+def test_fairseq_batches_cap_size_times_the_longest_and_cut_to_multiples_of_8():
+    src, tgt = [3] * 20 + [10] * 5, [4] * 20 + [9] * 5
+    batches = wb.fairseq_batches(src, tgt, max_tokens=40)
+    assert sorted(i for b in batches for i in b) == list(range(25))
+    for b in batches:
+        assert len(b) * max(max(src[i], tgt[i]) for i in b) <= 40
+    # 10 short ones fit (10 x 4); the cut keeps 8 and carries 2 into the next batch
+    assert [len(b) for b in batches] == [8, 8, 4, 4, 1]
