@@ -22,6 +22,10 @@ class PosKind(str, Enum):
     rel = "rel"  # Shaw §3: a^K, a^V inside encoder and decoder self-attention only
     both = "both"  # sinusoidal inputs plus relative attention (Shaw §4.3: no further gain)
     none = "none"  # no position information at all (Shaw Table 2, k = 0 row)
+    # Beyond the paper, each in encoder and decoder self-attention only, without sinusoidal inputs:
+    rope = "rope"  # rotary embeddings of q and k (Su et al. 2021), base 10000
+    alibi = "alibi"  # fixed per-head linear distance penalties (Press et al. 2022)
+    t5 = "t5"  # learned per-head biases over 32 log-spaced distance buckets (Raffel et al. 2020)
 
     @property
     def absolute(self) -> bool:

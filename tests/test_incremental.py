@@ -26,6 +26,10 @@ MODES = {
     "rel-shared-heads": dict(positions=PosKind.rel, max_relative_position=2, relative_share_heads=True),
     "rel-k0": dict(positions=PosKind.rel, max_relative_position=0),
     "rel-post-norm": dict(positions=PosKind.rel, max_relative_position=2, norm=Norm.post),
+    "rope": dict(positions=PosKind.rope),
+    "alibi": dict(positions=PosKind.alibi),
+    "t5": dict(positions=PosKind.t5),
+    "t5-post-norm": dict(positions=PosKind.t5, norm=Norm.post),
 }
 
 

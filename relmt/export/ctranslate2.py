@@ -71,12 +71,24 @@ PER_HEAD = ("model.relative_share_heads=false: this model has one a^K/a^V table 
             "model.relative_share_heads=true (the paper's big-model setting) to export a relative model")
 
 
+# Position methods beyond the paper that this exporter does not write (issue 31 §4), and why.
+NOT_EXPORTED = {
+    "alibi": "CTranslate2's TransformerEncoderSpec has no ALiBi (only its decoder spec does), so an "
+             "encoder-decoder with ALiBi in the encoder cannot be held",
+    "rope": "not written by this exporter yet (CTranslate2's specs take rotary_dim; its parity is untested)",
+    "t5": "not written by this exporter yet (CTranslate2's specs take relative_attention_bias; its parity is "
+          "untested)",
+}
+
+
 def check_exportable(cfg: ModelConfig) -> None:
     """Raise a UserError naming the setting that CTranslate2 cannot represent, before any weights
     are read (`model_spec` checks the modules themselves too)."""
     has_tables = cfg.positions.relative and (cfg.relative_keys or cfg.relative_values)
     if has_tables and not cfg.relative_share_heads and cfg.n_heads > 1:
         raise UserError(PER_HEAD.format(heads=cfg.n_heads))
+    if cfg.positions.value in NOT_EXPORTED:
+        raise UserError(f"model.positions={cfg.positions.value}: {NOT_EXPORTED[cfg.positions.value]}")
 
 
 def _np(t: Tensor) -> np.ndarray:

@@ -1,9 +1,10 @@
-"""Multi-head attention, with Shaw et al.'s relative position terms when given a table set.
+"""Multi-head attention, with Shaw et al.'s relative position terms when given a table set, and a
+stack's `PositionTerms` (rotation, logits bias) in self-attention.
 
 The module takes keys and values already projected (`project_kv`), so the decoder can hand it
 cached ones during incremental decoding. Three routes, all exact:
-- no relative terms: fused `scaled_dot_product_attention` (absolute/none modes, cross-attention);
-- a^K only: q·a^K is an additive float mask, so the fused kernel still serves;
+- no logits term: fused `scaled_dot_product_attention` (absolute/none/rope modes, cross-attention);
+- a logits bias (q·a^K, ALiBi, T5): an additive float mask, so the fused kernel still serves;
 - a^V on: the weights alpha are needed explicitly for sum_j alpha_ij a^V_ij, so attention is
   written out (Shaw §3.3), still without any (n, n, d) tensor.
 """
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relmt.dropout import dropout
-from relmt.model.positions import RelativePositions
+from relmt.model.positions import NO_TERMS, PositionTerms, RelativePositions, rotate
 
 
 def keep_mask(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
@@ -81,44 +82,44 @@ class MultiHeadAttention(nn.Module):
             self._scaled_q = (key, w * s, b * s)
         return self._scaled_q[1], self._scaled_q[2]
 
-    def project_kv(self, y: Tensor) -> tuple[Tensor, Tensor]:
-        """y: (B, m, d_model) -> keys and values, each (B, H, m, D)."""
+    def project_kv(self, y: Tensor, terms: PositionTerms = NO_TERMS) -> tuple[Tensor, Tensor]:
+        """y: (B, m, d_model) -> keys and values, each (B, H, m, D); keys rotated by `terms` (the new
+        keys sit at the query positions of self-attention, so a cache holds rotated keys)."""
         k, v = self.kv_proj(y).chunk(2, dim=-1)
-        return self._split(k), self._split(v + self.v_bias)
+        return rotate(self._split(k), terms.rotary), self._split(v + self.v_bias)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                causal: bool = False, q_offset: int = 0) -> Tensor:
+                causal: bool = False, q_offset: int = 0, terms: PositionTerms = NO_TERMS) -> Tensor:
         """x: (B, n, d_model) queries; k, v: (B, H, m, D); mask: bool keep-mask broadcastable
         to (B, 1, n, m). Query row i is position i + q_offset (for relative distances and
-        causality). Returns (B, n, d_model)."""
+        causality); `terms` are the stack's rotation and logits bias for these positions.
+        Returns (B, n, d_model)."""
         # The 1/sqrt(d_z) of Shaw eq. (4) is folded into W^Q and b^Q: a (d, d) multiply instead of
         # a scaled copy of q, and both terms of e_ij get it. The fused kernels then use scale=1.
-        q = self._split(F.linear(x, *self.scaled_query_weights()))  # (B, H, n, D)
+        q = rotate(self._split(F.linear(x, *self.scaled_query_weights())), terms.rotary)  # (B, H, n, D)
         n, m = q.shape[2], k.shape[2]
         p = self.dropout if self.training else 0.0
-        rel = self.rel
-        if rel is None:
-            if causal and mask is None and q_offset == 0 and n == m:
-                z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=n > 1, scale=1.0)
-            else:
-                keep = keep_mask(mask, causal, n, m, q_offset, q.device)
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, scale=1.0)
-        else:
+        rel, bias, index = self.rel, terms.bias, None  # bias: (H, n, m) or None
+        if rel is not None:
             index = rel.index(n, m, q_offset, q.device)  # (n, m) labels clip(j - i, k) + k
-            keep = keep_mask(mask, causal, n, m, q_offset, q.device)
-            if rel.w_v is None:
+            if rel.w_k is not None and rel.w_v is None:
                 # Shaw §3.3: e_ij = (q_i·k_j + q_i·a^K_ij) / sqrt(d_z); the second term is a bias.
-                bias = rel.key_logits(q, index)  # (B, H, n, m)
-                if keep is not None:
-                    bias = bias.masked_fill(~keep, float("-inf"))
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
-            else:
-                z = self._relative(q, k, v, keep, index, p)
+                bias = rel.key_logits(q, index) if bias is None else bias + rel.key_logits(q, index)
+        if rel is not None and rel.w_v is not None:
+            z = self._relative(q, k, v, keep_mask(mask, causal, n, m, q_offset, q.device), index, bias, p)
+        elif bias is None and causal and mask is None and q_offset == 0 and n == m:
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=n > 1, scale=1.0)
+        else:
+            keep = keep_mask(mask, causal, n, m, q_offset, q.device)
+            if bias is not None and keep is not None:
+                bias = bias.masked_fill(~keep, float("-inf"))
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep if bias is None else bias, dropout_p=p,
+                                               scale=1.0)
         b = x.shape[0]
         return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))
 
     def _relative(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, index: Tensor,
-                  p: float) -> Tensor:
+                  bias: Tensor | None, p: float) -> Tensor:
         """Attention written out for a^V; q is already scaled by 1/sqrt(d_z). Returns (B, H, n, D)."""
         rel = self.rel
         # Shaw §3.1 eq. (4): e_ij = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z)
@@ -127,6 +128,8 @@ class MultiHeadAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, n, m)
         if rel.w_k is not None:
             scores += rel.key_logits(q, index)
+        if bias is not None:
+            scores += bias
         if keep is not None:
             scores.masked_fill_(~keep, float("-inf"))
         attn = dropout(torch.softmax(scores, dim=-1), p)  # alpha_ij

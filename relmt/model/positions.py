@@ -1,13 +1,21 @@
 """Where the model's position information comes from.
 
-Two sources, picked by one enum (`relmt.config.PosKind`):
+One enum picks the source (`relmt.config.PosKind`):
 - absolute sinusoidal encodings added to the input embeddings (Vaswani et al. 2017 §3.5);
-- relative position representations inside self-attention (Shaw et al. 2018 §3).
+- relative position representations inside self-attention (Shaw et al. 2018 §3): per-layer
+  tables, `RelativePositions`;
+- beyond the paper, three methods of one stack each (encoder or decoder self-attention, never
+  cross-attention): rotary embeddings (`Rotary`, Su et al. 2021), linear biases (`ALiBi`, Press
+  et al. 2022) and T5's bucketed biases (`T5Bias`, Raffel et al. 2020). Each gives attention its
+  `PositionTerms` through one method, `terms(n, m, q_offset, device, dtype)`, computed once per
+  stack and pass, so attention has no branch per method: it rotates q and the new keys when the
+  terms have a rotation, and adds a logits bias when they have one.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -106,3 +114,135 @@ def _per_label(x: Tensor, table: Tensor, per_head: str, shared: str) -> Tensor:
     if table.shape[0] == 1:
         return torch.einsum(shared, x, table[0])
     return torch.einsum(per_head, x, table)
+
+
+@dataclass(frozen=True)
+class PositionTerms:
+    """What self-attention takes from a stack's position method, for n query positions
+    q_offset..q_offset+n-1 against m keys 0..m-1 (the n new keys sit at the query positions).
+
+    rotary: (cos, sin), each (n, d_head / 2): rotate q and the new keys (`rotate`).
+    bias: (H, n, m), added to the scaled logits q·k / sqrt(d_z)."""
+
+    rotary: tuple[Tensor, Tensor] | None = None
+    bias: Tensor | None = None
+
+
+NO_TERMS = PositionTerms()
+
+
+def rotate(x: Tensor, rotary: tuple[Tensor, Tensor] | None) -> Tensor:
+    """Su et al. 2021 eq. (34): each pair of dimensions turned by the angle pos * theta_i. Pairs are
+    the two halves (i, i + D/2), as in GPT-NeoX and Llama, not neighbours (2i, 2i + 1) as in the paper:
+    a fixed permutation of W^Q and W^K's columns, which the projections learn either way, and two
+    contiguous slices instead of strided ones. x: (B, H, n, D)."""
+    if rotary is None:
+        return x
+    cos, sin = (t.to(x.dtype) for t in rotary)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Rotary(nn.Module):
+    """RoPE (Su et al. 2021): no parameters; theta_i = base^(-2i / D), i < D / 2, base 10000."""
+
+    def __init__(self, d_head: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"rotary embeddings need an even d_head, got {d_head}")
+        self.d_head, self.base = d_head, base
+
+    def terms(self, n: int, m: int, q_offset: int, device: torch.device, dtype: torch.dtype) -> PositionTerms:
+        # float64 angles: pos * theta in float32 is off by ~1e-4 rad at position 1000; cos and sin are
+        # then rounded once, to the dtype of q and k (`rotate`)
+        inv_freq = self.base ** (-torch.arange(0, self.d_head, 2, device=device, dtype=torch.float64) / self.d_head)
+        angles = torch.arange(q_offset, q_offset + n, device=device, dtype=torch.float64)[:, None] * inv_freq
+        return PositionTerms(rotary=(angles.cos(), angles.sin()))
+
+
+def distances(n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+    """(n, m) int64: j - i for query positions i = q_offset.. and key positions j = 0.."""
+    i = torch.arange(q_offset, q_offset + n, device=device)
+    return torch.arange(m, device=device)[None, :] - i[:, None]
+
+
+class _CachedBias(nn.Module):
+    """A bias that depends on (n, m, q_offset) alone, kept per shape while no gradient is taken (the
+    a^K route's per-length reuse): validation and decoding ask for the same shapes again and again."""
+
+    CACHED = 64  # shapes kept; the oldest goes first
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: dict[tuple, Tensor] = {}
+
+    def bias(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+        raise NotImplementedError
+
+    def terms(self, n: int, m: int, q_offset: int, device: torch.device, dtype: torch.dtype) -> PositionTerms:
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return PositionTerms(bias=self.bias(n, m, q_offset, device).to(dtype))
+        key = (n, m, q_offset, device, dtype, *(p._version for p in self.parameters()))
+        if (hit := self._cache.get(key)) is None:
+            if len(self._cache) >= self.CACHED:
+                del self._cache[next(iter(self._cache))]
+            hit = self._cache[key] = self.bias(n, m, q_offset, device).to(dtype)
+        return PositionTerms(bias=hit)
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """Press et al. 2022 §3: the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8); for a head count
+    that is no power of 2, the nearest power's slopes and every other slope of twice it (their code)."""
+    if math.log2(n_heads).is_integer():
+        return [2 ** (-8 * (h + 1) / n_heads) for h in range(n_heads)]
+    power = 2 ** math.floor(math.log2(n_heads))
+    return alibi_slopes(power) + alibi_slopes(2 * power)[0::2][: n_heads - power]
+
+
+class ALiBi(_CachedBias):
+    """ALiBi: bias_h(i, j) = -m_h |i - j|, fixed slopes m_h (`alibi_slopes`). The paper defines the
+    causal case, -m_h (i - j) for j <= i; the encoder uses the symmetric -m_h |i - j|, the choice of the
+    paper's authors for bidirectional models (ofirpress/attention_with_linear_biases, issue 5). In the
+    decoder the two agree, since causality masks j > i."""
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
+
+    def bias(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+        return -self.slopes.to(device)[:, None, None] * distances(n, m, q_offset, device).abs()
+
+
+def t5_buckets(relative: Tensor, bidirectional: bool, n_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's bucket of each distance j - i (Raffel et al. 2020 §2.1; transformers' T5Attention): half
+    the buckets (bidirectional: per direction) hold distances 0..b/2-1 exactly, the rest grow
+    logarithmically up to max_distance, beyond which all share the last bucket. Causal: j > i is
+    bucket 0 (masked anyway)."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        n_buckets //= 2
+        buckets += (relative > 0).long() * n_buckets
+        relative = relative.abs()
+    else:
+        relative = -relative.clamp(max=0)
+    exact = n_buckets // 2
+    large = exact + (torch.log(relative.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                     * (n_buckets - exact)).long()
+    return buckets + torch.where(relative < exact, relative, large.clamp(max=n_buckets - 1))
+
+
+class T5Bias(_CachedBias):
+    """T5's relative attention bias: a learned scalar per head and distance bucket (`t5_buckets`), one
+    table per stack shared by its layers, as in T5 (where only the first layer holds it); initialised
+    N(0, d_model^-1/2) as transformers' T5 does."""
+
+    def __init__(self, n_heads: int, d_model: int, bidirectional: bool, n_buckets: int = 32,
+                 max_distance: int = 128) -> None:
+        super().__init__()
+        self.bidirectional, self.n_buckets, self.max_distance = bidirectional, n_buckets, max_distance
+        self.table = nn.Embedding(n_buckets, n_heads)
+        nn.init.normal_(self.table.weight, std=d_model ** -0.5)
+
+    def bias(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+        buckets = t5_buckets(distances(n, m, q_offset, device), self.bidirectional, self.n_buckets, self.max_distance)
+        return self.table(buckets).permute(2, 0, 1)  # (H, n, m)

@@ -2,7 +2,9 @@
 
 `build_model(cfg, vocab_size, pad_id)` is the only place that reads a config; the layers take
 flat arguments. Relative tables go into encoder and decoder self-attention only, one set per
-layer; cross-attention stays plain (Shaw §3, as in tensor2tensor).
+layer; cross-attention stays plain (Shaw §3, as in tensor2tensor). The stack-wide methods (rope,
+alibi, t5) are one module per stack whose `PositionTerms` the stack computes once per pass and
+hands to each layer's self-attention.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from relmt.config import ModelConfig, Norm
+from relmt.config import ModelConfig, Norm, PosKind
 from relmt.dropout import Dropout
 from relmt.model.attention import MultiHeadAttention
 from relmt.model.cache import DecoderCache, LayerCache, extend
-from relmt.model.positions import RelativePositions, sinusoidal_encoding
+from relmt.model.positions import NO_TERMS, ALiBi, PositionTerms, RelativePositions, Rotary, T5Bias, sinusoidal_encoding
 
 
 class FeedForward(nn.Module):
@@ -55,10 +57,10 @@ class EncoderLayer(nn.Module):
         self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x: (B, S, d_model); mask: (B, 1, 1, S) keep-mask."""
+    def forward(self, x: Tensor, mask: Tensor, terms: PositionTerms = NO_TERMS) -> Tensor:
+        """x: (B, S, d_model); mask: (B, 1, 1, S) keep-mask; terms: the stack's positions."""
         h = self.norm1(x) if self.pre_norm else x
-        y = self.self_attn(h, *self.self_attn.project_kv(h), mask=mask)
+        y = self.self_attn(h, *self.self_attn.project_kv(h, terms), mask=mask, terms=terms)
         x = residual(x, y, self.dropout, self.norm1, self.pre_norm)
         h = self.norm2(x) if self.pre_norm else x
         return residual(x, self.ffn(h), self.dropout, self.norm2, self.pre_norm)
@@ -81,18 +83,18 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
                 past: tuple[Tensor, Tensor] | None = None, past_order: Tensor | None = None,
-                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                terms: PositionTerms = NO_TERMS) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x: (B*K, n, d_model), the target positions after the `past` ones (keys/values of the
         earlier positions, (B*K, H, t, D) each, or None for a full teacher-forced pass) of K
         hypotheses per source; past_order picks the past row of each hypothesis (None: row b);
-        cross_k, cross_v: (B, H, S, D); src_mask: (B, 1, 1, S).
+        cross_k, cross_v: (B, H, S, D); src_mask: (B, 1, 1, S); terms: the stack's positions.
         Returns the layer output and the self-attention keys/values of all t + n positions."""
         offset = 0 if past is None else past[0].shape[2]
         h = self.norm1(x) if self.pre_norm else x
-        k, v = self.self_attn.project_kv(h)  # (B, H, n, D)
+        k, v = self.self_attn.project_kv(h, terms)  # (B, H, n, D)
         if past is not None:
             k, v = extend(past[0], k, past_order), extend(past[1], v, past_order)
-        y = self.self_attn(h, k, v, causal=True, q_offset=offset)
+        y = self.self_attn(h, k, v, causal=True, q_offset=offset, terms=terms)
         x = residual(x, y, self.dropout, self.norm1, self.pre_norm)
         h = self.norm2(x) if self.pre_norm else x
         # Cross-attention has no positions (Shaw §3), so the K hypotheses of one sentence (rows
@@ -111,7 +113,8 @@ class Transformer(nn.Module):
 
     def __init__(self, src_embed: nn.Embedding, tgt_embed: nn.Embedding,
                  encoder_layers: list[EncoderLayer], decoder_layers: list[DecoderLayer],
-                 dropout: float, absolute: bool, pre_norm: bool, pad_id: int) -> None:
+                 dropout: float, absolute: bool, pre_norm: bool, pad_id: int,
+                 encoder_positions: nn.Module | None = None, decoder_positions: nn.Module | None = None) -> None:
         super().__init__()
         self.src_embed = src_embed
         self.tgt_embed = tgt_embed
@@ -125,6 +128,13 @@ class Transformer(nn.Module):
         self.embed_scale = math.sqrt(d_model)
         self.absolute = absolute
         self.pad_id = pad_id
+        # rope, alibi or t5: one per stack (relmt.model.positions), giving terms(n, m, q_offset, ...)
+        self.encoder_positions = encoder_positions
+        self.decoder_positions = decoder_positions
+
+    @staticmethod
+    def _terms(positions: nn.Module | None, n: int, m: int, q_offset: int, like: Tensor) -> PositionTerms:
+        return NO_TERMS if positions is None else positions.terms(n, m, q_offset, like.device, like.dtype)
 
     def _embed(self, embed: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
         """tokens: (B, T) -> (B, T, d_model). The sqrt(d_model) scale and the dropout apply in
@@ -141,8 +151,9 @@ class Transformer(nn.Module):
         src_mask = src != self.pad_id
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src)
+        terms = self._terms(self.encoder_positions, src.shape[1], src.shape[1], 0, x)
         for layer in self.encoder_layers:
-            x = layer(x, mask)
+            x = layer(x, mask, terms)
         return self.encoder_norm(x), src_mask
 
     def _logits(self, x: Tensor) -> Tensor:
@@ -155,9 +166,10 @@ class Transformer(nn.Module):
         sentence of memory (B, S, d_model) and src_mask (B, S). Returns (B*K, T, V) logits."""
         mask = src_mask[:, None, None, :]
         x = self._embed(self.tgt_embed, tgt_in)
+        terms = self._terms(self.decoder_positions, tgt_in.shape[1], tgt_in.shape[1], 0, x)
         for layer in self.decoder_layers:
             k, v = layer.cross_attn.project_kv(memory)
-            x, _ = layer(x, k, v, mask)
+            x, _ = layer(x, k, v, mask, terms=terms)
         return self._logits(x)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -195,9 +207,10 @@ class Transformer(nn.Module):
             raise ValueError(f"decode_step: {tokens.shape[0]} tokens for a cache of {cache.batch_size} hypotheses")
         mask = src_mask[:, None, None, :]
         x = self._embed(self.tgt_embed, tokens[:, None], offset=step)  # (B*K, 1, d_model)
+        terms = self._terms(self.decoder_positions, 1, step + 1, step, x)
         layers = []
         for layer, lc in zip(self.decoder_layers, cache.layers):
-            x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, (lc.self_k, lc.self_v), cache.order)
+            x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, (lc.self_k, lc.self_v), cache.order, terms)
             layers.append(LayerCache(k, v, lc.cross_k, lc.cross_v))
         if out_weight is None:
             logits = self._logits(x)[:, 0]
@@ -218,6 +231,16 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer:
         return RelativePositions(cfg.n_heads, d_head, cfg.max_relative_position, cfg.relative_keys,
                                  cfg.relative_values, cfg.relative_share_heads)
 
+    def stack_positions(causal: bool) -> nn.Module | None:
+        # rope, alibi, t5: self-attention of one stack, never cross-attention (as for Shaw, §3)
+        if cfg.positions == PosKind.rope:
+            return Rotary(d_head)
+        if cfg.positions == PosKind.alibi:
+            return ALiBi(cfg.n_heads)
+        if cfg.positions == PosKind.t5:  # 32 buckets up to distance 128, T5's; causal in the decoder
+            return T5Bias(cfg.n_heads, cfg.d_model, bidirectional=not causal)
+        return None
+
     def embedding() -> nn.Embedding:
         emb = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
         nn.init.normal_(emb.weight, std=cfg.d_model ** -0.5)
@@ -234,5 +257,5 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_id: int) -> Transformer:
         src_embed, tgt_embed,
         [EncoderLayer(*layer_args, rel()) for _ in range(cfg.encoder_layers)],
         [DecoderLayer(*layer_args, rel()) for _ in range(cfg.decoder_layers)],
-        cfg.dropout, cfg.positions.absolute, pre_norm, pad_id,
+        cfg.dropout, cfg.positions.absolute, pre_norm, pad_id, stack_positions(False), stack_positions(True),
     )

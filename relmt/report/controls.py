@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from relmt.report.aggregate import Stat, aggregate, bleu_stats, seeds_of
-from relmt.report.paper import POSITIONS
+from relmt.report.paper import POSITIONS, TABLELESS
 from relmt.report.runs import Run
 from relmt.report.significance import Comparison, by_seed, split_texts, test_pairs
 from relmt.report.text import DASH, fmt, md_table, plural
@@ -32,7 +32,7 @@ class Setting:
 
     @classmethod
     def of(cls, run: Run) -> "Setting":
-        if run.positions in ("abs", "none"):  # k, a^K and a^V change nothing without relative positions
+        if run.positions in TABLELESS:  # k, a^K and a^V change nothing without Shaw's tables
             return cls(run.positions, None, None, None, run.updates, run.frozen)
         return cls(run.positions, run.k, run.keys, run.values, run.updates, run.frozen)
 

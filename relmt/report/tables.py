@@ -54,7 +54,7 @@ class Group:
 
 def positions_runs(group: Group) -> list[Run]:
     """The positions comparison: k and the flags change no abs or none model; rel and both at k_default."""
-    return [r for r in group.runs if r.positions in ("abs", "none") or (r.full_rel and r.k == group.k_default)]
+    return [r for r in group.runs if r.positions in paper.TABLELESS or (r.full_rel and r.k == group.k_default)]
 
 
 def table_notes(group: Group, runs: list[Run], beside: str, table: str) -> dict:
