@@ -1,6 +1,6 @@
 """relmt-export format=ctranslate2: the exported model decodes as relmt's own beam search does.
 
-Random models of every position mode and norm, and a model trained for a few hundred updates, are
+Random models of every position mode and norm (rope and t5 included; alibi is refused), and a model trained for a few hundred updates, are
 exported and decoded by ctranslate2.Translator at beam 4; tokens must equal relmt's and scores
 agree to float32 rounding. Two settings differ by design and are matched here (relmt/export/
 ctranslate2.py says why): CT2 lets only an EOS among the first K candidates finish, which is relmt's
@@ -108,6 +108,10 @@ CASES = {
     "none": {"positions": PosKind.none, "norm": Norm.post},
     "k0": {"positions": PosKind.rel, "max_relative_position": 0},
     "separate-embeddings": {"positions": PosKind.rel, "share_embeddings": False},
+    "rope-pre": {"positions": PosKind.rope, "norm": Norm.pre},
+    "rope-post": {"positions": PosKind.rope, "norm": Norm.post},
+    "t5-pre": {"positions": PosKind.t5, "norm": Norm.pre},
+    "t5-post": {"positions": PosKind.t5, "norm": Norm.post},
 }
 
 
@@ -235,6 +239,14 @@ def test_per_head_tables_are_refused_with_the_setting_to_train_with(spm_model, t
     # one head: a per-head table is a shared one
     ok = random_checkpoint(tmp_path / "one", spm_model, positions=PosKind.rel, n_heads=1, relative_share_heads=False)
     assert export(ok, tmp_path / "one_head").is_dir()
+
+
+def test_alibi_is_refused_with_the_reason(spm_model, tmp_path, capsys):
+    ck = random_checkpoint(tmp_path, spm_model, positions=PosKind.alibi)
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={tmp_path / 'ct2'}"]) == 2
+    err = capsys.readouterr().err
+    assert "model.positions=alibi: CTranslate2's TransformerEncoderSpec has no ALiBi" in err
+    assert "Traceback" not in err and not (tmp_path / "ct2").exists()
 
 
 def test_cli_errors_name_the_key(spm_model, tmp_path, capsys):

@@ -58,7 +58,7 @@ from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from relmt.errors import UserError
 from relmt.export.decoding import INFO_FILE
 from relmt.model.attention import MultiHeadAttention
-from relmt.model.positions import sinusoidal_encoding
+from relmt.model.positions import Rotary, T5Bias, sinusoidal_encoding
 from relmt.model.transformer import DecoderLayer, EncoderLayer, FeedForward, Transformer, build_model
 
 QUANTIZATIONS = ACCEPTED_MODEL_TYPES
@@ -72,12 +72,11 @@ PER_HEAD = ("model.relative_share_heads=false: this model has one a^K/a^V table 
 
 
 # Position methods beyond the paper that this exporter does not write (issue 31 §4), and why.
+# rope goes in as rotary_dim = d_head, rotary_interleave false (relmt pairs the halves), base 10000; t5 as
+# each layer's relative_attention_bias (the stack's one table) with max distance 128.
 NOT_EXPORTED = {
     "alibi": "CTranslate2's TransformerEncoderSpec has no ALiBi (only its decoder spec does), so an "
              "encoder-decoder with ALiBi in the encoder cannot be held",
-    "rope": "not written by this exporter yet (CTranslate2's specs take rotary_dim; its parity is untested)",
-    "t5": "not written by this exporter yet (CTranslate2's specs take relative_attention_bias; its parity is "
-          "untested)",
 }
 
 
@@ -175,15 +174,26 @@ def _positions_table(absolute: bool, relative: bool, d_model: int, max_positions
     return np.zeros((max_positions, d_model), np.float32)  # positions=none, or rel without a^K and a^V
 
 
-def _stack(spec, layers: list[EncoderLayer] | list[DecoderLayer], absolute: bool, max_positions: int) -> None:
-    """Position encodings and layer specs of one stack (encoder or decoder) of `spec`."""
+def _stack(spec, layers: list[EncoderLayer] | list[DecoderLayer], absolute: bool, max_positions: int,
+           positions: nn.Module | None) -> None:
+    """Position encodings and layer specs of one stack (encoder or decoder) of `spec`; `positions` is the
+    stack's rope or t5 module."""
     decoder = isinstance(layers[0], DecoderLayer)
     attn = layers[0].self_attn
     relative = attn.rel is not None
     specs = transformer_spec
     layer_spec = specs.TransformerDecoderLayerSpec if decoder else specs.TransformerEncoderLayerSpec
-    spec.layer = [layer_spec(relative_position=relative) for _ in layers]
-    table = _positions_table(absolute, relative, attn.n_heads * attn.d_head, max_positions)
+    rope, t5 = isinstance(positions, Rotary), isinstance(positions, T5Bias)
+    if positions is not None and not (rope or t5):
+        raise UserError(f"{type(positions).__name__}: {NOT_EXPORTED['alibi']}")
+    spec.layer = [layer_spec(relative_position=relative, relative_attention_bias=t5, rotary_dim=attn.d_head if rope
+                             else None, rotary_interleave=False, rotary_base=positions.base if rope else 10000)
+                  for _ in layers]
+    if t5:
+        for layer_spec_i in spec.layer:  # one table per stack (T5): every layer gets the same one
+            layer_spec_i.self_attention.relative_attention_bias = _np(positions.table.weight)  # (buckets, heads)
+            layer_spec_i.self_attention.relative_attention_max_distance = np.dtype("int32").type(positions.max_distance)
+    table = _positions_table(absolute, relative or positions is not None, attn.n_heads * attn.d_head, max_positions)
     if table is None:
         delattr(spec, "position_encodings")
     else:
@@ -215,8 +225,8 @@ def model_spec(model: Transformer, pieces: list[str], max_positions: int = 2048)
     encoder.embeddings[0].weight = _np(model.src_embed.weight)
     decoder.embeddings.weight = _np(model.tgt_embed.weight)
     encoder.scale_embeddings = decoder.scale_embeddings = True  # x sqrt(d_model) in every mode (Vaswani §3.4)
-    _stack(encoder, list(model.encoder_layers), model.absolute, max_positions)
-    _stack(decoder, list(model.decoder_layers), model.absolute, max_positions)
+    _stack(encoder, list(model.encoder_layers), model.absolute, max_positions, model.encoder_positions)
+    _stack(decoder, list(model.decoder_layers), model.absolute, max_positions, model.decoder_positions)
     if pre_norm:
         _set_norm(encoder.layer_norm, model.encoder_norm)
         _set_norm(decoder.layer_norm, model.decoder_norm)
