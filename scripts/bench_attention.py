@@ -6,7 +6,10 @@ Variants, all with the base model's shape (d_model 512, 8 heads, d_head 64) and 
 - rel:   relmt's relative attention (Shaw §3.3 via 2k+1 labels: gather for a^K, scatter-add
          of the weights for a^V; no (n, n, d) tensor);
 - naive: the version common in tutorials, which materialises a^K and a^V as (n, n, d_head)
-         tensors and contracts them with einsum.
+         tensors and contracts them with einsum;
+- rope, alibi, t5 (issue 31): the layer with its stack's PositionTerms (rotated q and k through
+         SDPA; a float bias through SDPA), computed in the timed step as the stack computes them
+         once per pass.
 The token budget is fixed, so the batch is budget // n.
 
     python scripts/bench_attention.py --out docs/results/attention_cpu.json --md docs/results/attention_cpu.md
@@ -32,7 +35,7 @@ from relmt.bench import (
     write_json,
 )
 from relmt.model.attention import MultiHeadAttention
-from relmt.model.positions import RelativePositions, relative_index
+from relmt.model.positions import NO_TERMS, ALiBi, RelativePositions, Rotary, T5Bias, relative_index
 
 
 class NaiveRelativeAttention(nn.Module):
@@ -58,30 +61,40 @@ class NaiveRelativeAttention(nn.Module):
 
 
 class RelmtLayer(nn.Module):
-    """relmt's attention as a self-attention layer (abs when rel is None)."""
+    """relmt's attention as a self-attention layer (abs when rel and positions are None)."""
 
-    def __init__(self, d_model: int, n_heads: int, k: int | None, dropout: float) -> None:
+    def __init__(self, d_model: int, n_heads: int, k: int | None, dropout: float,
+                 positions: nn.Module | None = None) -> None:
         super().__init__()
         rel = None if k is None else RelativePositions(n_heads, d_model // n_heads, k)
         self.attn = MultiHeadAttention(d_model, n_heads, dropout, rel)
+        self.positions = positions
+
+    def terms(self, x: Tensor):
+        n = x.shape[1]
+        return NO_TERMS if self.positions is None else self.positions.terms(n, n, 0, x.device, x.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.attn(x, *self.attn.project_kv(x))
+        terms = self.terms(x)
+        return self.attn(x, *self.attn.project_kv(x, terms), terms=terms)
 
 
 @torch.no_grad()
 def forward_only(layer: nn.Module, x: Tensor) -> None:
     """The layer in eval mode under no_grad (inference), with a padding mask of the batch's shape."""
     layer.eval()
-    attn = layer.attn
-    attn(x, *attn.project_kv(x), mask=torch.ones(x.shape[0], 1, 1, x.shape[1], dtype=torch.bool, device=x.device))
+    attn, terms = layer.attn, layer.terms(x)
+    mask = torch.ones(x.shape[0], 1, 1, x.shape[1], dtype=torch.bool, device=x.device)
+    attn(x, *attn.project_kv(x, terms), mask=mask, terms=terms)
     layer.train()
 
 
 def build(variant: str, args: argparse.Namespace) -> nn.Module:
     if variant == "naive":
         return NaiveRelativeAttention(args.d_model, args.heads, args.k, args.dropout)
-    return RelmtLayer(args.d_model, args.heads, args.k if variant == "rel" else None, args.dropout)
+    positions = {"rope": lambda: Rotary(args.d_model // args.heads), "alibi": lambda: ALiBi(args.heads),
+                 "t5": lambda: T5Bias(args.heads, args.d_model, bidirectional=True)}.get(variant, lambda: None)()
+    return RelmtLayer(args.d_model, args.heads, args.k if variant == "rel" else None, args.dropout, positions)
 
 
 def main() -> None:
@@ -97,6 +110,8 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=1.0, help="keep timing each case at least this long")
     ap.add_argument("--memory-only", action="store_true",
                     help="peak memory only, no timing (memory does not depend on what else the machine runs)")
+    ap.add_argument("--variants", nargs="+", default=["abs", "rel", "naive", "rope", "alibi", "t5"],
+                    choices=["abs", "rel", "naive", "rope", "alibi", "t5"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, help="write JSON here")
     ap.add_argument("--md", type=Path, help="write a markdown report here")
@@ -104,12 +119,13 @@ def main() -> None:
     device = torch.device(args.device)
     lengths = [n for n in args.lengths if not args.quick or n <= 256]
 
+    variants = args.variants
     rows = []
     for n in lengths:
         batch = max(1, args.tokens // n)
         row = {"n": n, "batch": batch}
         steps = {}
-        for variant in ("abs", "rel", "naive"):
+        for variant in variants:
             torch.manual_seed(0)
             layer = build(variant, args).to(device).train()
             x = torch.randn(batch, n, args.d_model, device=device, requires_grad=True)
@@ -124,28 +140,30 @@ def main() -> None:
             if variant != "naive":  # decoding a long source: the encoder's forward pass alone
                 row[f"{variant}_forward_mb"] = peak_memory_bytes(lambda layer=layer, x=x: forward_only(layer, x),
                                                                  device) / 2**20
-        row["naive_over_rel_mem"] = row["naive_mb"] / row["rel_mb"]
-        row["rel_over_abs_mem"] = row["rel_mb"] / row["abs_mb"]
+            if variant != "abs" and "abs" in variants:
+                row[f"{variant}_over_abs_mem"] = row[f"{variant}_mb"] / row["abs_mb"]
+        if "naive" in variants and "rel" in variants:
+            row["naive_over_rel_mem"] = row["naive_mb"] / row["rel_mb"]
         rows.append(row)
+        memory = " ".join(f"{v} {row[f'{v}_mb']:.0f}" for v in variants)
         if args.memory_only:
-            print(f"n={n:5d} batch={batch:4d}  peak MB abs {row['abs_mb']:.0f} rel {row['rel_mb']:.0f} "
-                  f"naive {row['naive_mb']:.0f}", flush=True)
+            print(f"n={n:5d} batch={batch:4d}  peak MB {memory}", flush=True)
             continue
         times = time_interleaved(steps, device, repeats=args.repeats, min_seconds=args.min_seconds)
         row.update({f"{variant}_ms": 1000 * t for variant, t in times.items()})
         del steps
-        row["rel_over_abs"] = row["rel_ms"] / row["abs_ms"]
-        row["naive_over_abs"] = row["naive_ms"] / row["abs_ms"]
-        print(f"n={n:5d} batch={batch:4d}  abs {row['abs_ms']:8.1f} ms  rel {row['rel_ms']:8.1f} ms "
-              f"({row['rel_over_abs']:.2f}x)  naive {row['naive_ms']:8.1f} ms  |  peak MB abs "
-              f"{row['abs_mb']:.0f} rel {row['rel_mb']:.0f} naive {row['naive_mb']:.0f}", flush=True)
+        if "abs" in variants:
+            row.update({f"{v}_over_abs": row[f"{v}_ms"] / row["abs_ms"] for v in variants if v != "abs"})
+        print(f"n={n:5d} batch={batch:4d}  " + "  ".join(f"{v} {row[f'{v}_ms']:8.1f} ms" for v in variants)
+              + f"  |  peak MB {memory}", flush=True)
 
-    timing = [("abs_ms", "abs ms"), ("rel_ms", "rel ms"), ("rel_over_abs", "rel/abs time"), ("naive_ms", "naive ms"),
-              ("naive_over_abs", "naive/abs time")]
+    others = [v for v in variants if v != "abs"]
+    timing = [(f"{v}_ms", f"{v} ms") for v in variants] + [(f"{v}_over_abs", f"{v}/abs time") for v in others]
     columns = [("n", "n"), ("batch", "batch"), *([] if args.memory_only else timing),
-               ("abs_mb", "abs peak MiB"), ("rel_mb", "rel peak MiB"), ("naive_mb", "naive peak MiB"),
-               ("naive_over_rel_mem", "naive/rel memory"), ("rel_over_abs_mem", "rel/abs memory"),
-               ("abs_forward_mb", "abs forward-only peak MiB"), ("rel_forward_mb", "rel forward-only peak MiB")]
+               *((f"{v}_mb", f"{v} peak MiB") for v in variants),
+               *((f"{v}_over_abs_mem", f"{v}/abs memory") for v in others),
+               *([("naive_over_rel_mem", "naive/rel memory")] if "naive" in variants and "rel" in variants else []),
+               *((f"{v}_forward_mb", f"{v} forward-only peak MiB") for v in variants if v != "naive")]
     table = markdown_table(rows, columns)
     hw = hardware(device)
     print("\n" + table)

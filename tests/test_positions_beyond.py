@@ -39,11 +39,12 @@ def t5_bucket_scalar(rel: int, bidirectional: bool, n_buckets: int = 32, max_dis
 
 
 def rotation(pos: int, d: int, base: float = 10000.0) -> torch.Tensor:
-    """The (d, d) block-diagonal rotation of Su et al. eq. (34), pairing dimension i with i + d/2."""
+    """The (d, d) block-diagonal rotation of Su et al. eq. (34): dimensions 2i and 2i + 1 turned by
+    pos * theta_i, theta_i = base^(-2i/d)."""
     r = torch.zeros(d, d)
     for i in range(d // 2):
         theta = pos * base ** (-2 * i / d)
-        a, b = i, i + d // 2
+        a, b = 2 * i, 2 * i + 1
         r[a, a], r[a, b], r[b, a], r[b, b] = math.cos(theta), -math.sin(theta), math.sin(theta), math.cos(theta)
     return r
 

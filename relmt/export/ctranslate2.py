@@ -72,8 +72,8 @@ PER_HEAD = ("model.relative_share_heads=false: this model has one a^K/a^V table 
 
 
 # Position methods beyond the paper that this exporter does not write (issue 31 §4), and why.
-# rope goes in as rotary_dim = d_head, rotary_interleave false (relmt pairs the halves), base 10000; t5 as
-# each layer's relative_attention_bias (the stack's one table) with max distance 128.
+# rope goes in as rotary_dim = d_head, rotary_interleave true (neighbouring pairs, as relmt's), base
+# 10000; t5 as each layer's relative_attention_bias (the stack's one table) with max distance 128.
 NOT_EXPORTED = {
     "alibi": "CTranslate2's TransformerEncoderSpec has no ALiBi (only its decoder spec does), so an "
              "encoder-decoder with ALiBi in the encoder cannot be held",
@@ -187,7 +187,7 @@ def _stack(spec, layers: list[EncoderLayer] | list[DecoderLayer], absolute: bool
     if positions is not None and not (rope or t5):
         raise UserError(f"{type(positions).__name__}: {NOT_EXPORTED['alibi']}")
     spec.layer = [layer_spec(relative_position=relative, relative_attention_bias=t5, rotary_dim=attn.d_head if rope
-                             else None, rotary_interleave=False, rotary_base=positions.base if rope else 10000)
+                             else None, rotary_interleave=True, rotary_base=positions.base if rope else 10000)
                   for _ in layers]
     if t5:
         for layer_spec_i in spec.layer:  # one table per stack (T5): every layer gets the same one
