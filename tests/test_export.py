@@ -3,10 +3,11 @@
 Random models of every position mode and norm (rope and t5 too; alibi is refused), and a model
 trained for a few hundred updates, are exported and decoded by ctranslate2.Translator at beam 4;
 tokens must equal relmt's and scores agree to float32 rounding. Two settings differ by design and
-are matched here (relmt/export/ctranslate2.py says why): CT2 lets only an EOS among the first K candidates finish, which is relmt's
-decode.eos_candidates=fairseq, and its length penalty is |y|^alpha where relmt's is
-((5 + |y|) / 6)^alpha, so forced-length scores are compared as log-probabilities, and free-running
-decoding (where the penalty picks among lengths) runs with alpha = 0.
+are matched here (relmt/export/ctranslate2.py says why): CT2 lets only an EOS among the first K
+candidates finish, which is relmt's decode.eos_candidates=fairseq, and its length penalty is
+|y|^alpha where relmt's is ((5 + |y|) / 6)^alpha, so forced-length scores are compared as log-
+probabilities, and free-running decoding (where the penalty picks among lengths) runs with alpha =
+0.
 """
 
 from __future__ import annotations
