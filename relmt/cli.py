@@ -38,7 +38,8 @@ USAGE = {
                        "reference line given the input line, over its tokens and EOS (forced decoding).",
     "relmt-score": "relmt-score hyp=FILE ref=FILE [src=FILE] [lang=de] [buckets=[10,20,30,40,60]] [out=FILE.json]\n"
                    "sacreBLEU and chrF with signatures, paper-comparable tokenized BLEU (Moses + compound\n"
-                   "splitting), and with src, BLEU by source length. Prints a summary; writes JSON to out.",
+                   "splitting), and with src, BLEU by source length. Prints a summary; with out=FILE.json it also\n"
+                   "writes every figure there as JSON (nothing is written without out=).",
     "relmt-average": "relmt-average output=AVG.pt (dir=RUN/checkpoints [last=N] | checkpoints=[a.pt,b.pt,...])\n"
                      "Average the weights of the last N step checkpoints in dir (all of them if N=0), or\n"
                      "of the listed checkpoints, into one checkpoint.",
@@ -333,7 +334,7 @@ class ScoreArgs:
     src: str = ""
     lang: str = ""  # Moses language for the tokenized BLEU; default: the ref file's suffix if Moses knows it, else en
     buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
-    out: str = ""  # JSON output; default: <hyp>.score.json
+    out: str = ""  # JSON output; none without it (the hypothesis may sit in a read-only or shared folder)
 
 
 def _score(argv: list[str]) -> None:
@@ -352,10 +353,10 @@ def _score(argv: list[str]) -> None:
     result = score(read_lines(Path(args.hyp)), read_lines(Path(args.ref)), srcs, lang, tuple(args.buckets),
                    names=(args.hyp, args.ref, args.src))
     result.update(hyp=args.hyp, ref=args.ref, src=args.src or None, lang=lang)
-    out = Path(args.out or f"{args.hyp}.score.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
     print(report(result))
-    print(f"written: {out}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"written: {args.out}")
 
 
 def score() -> None:

@@ -10,7 +10,7 @@ import random
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from relmt.cli import _score, guarded
+from relmt.cli import USAGE, _score, guarded
 from relmt.errors import UserError
 from relmt.evaluate.metrics import (
     bucketed_bleu,
@@ -106,6 +106,16 @@ def test_cli_prints_and_writes_json(tmp_path, capsys):
     assert "has 1 lines but" in capsys.readouterr().err
 
 
+def test_score_writes_json_only_to_out(tmp_path, capsys):
+    """The hypothesis may sit in a read-only or shared folder: nothing is written beside it."""
+    (tmp_path / "h.de").write_text("ein Haus\n")
+    (tmp_path / "r.de").write_text("ein Haus\n")
+    assert guarded("relmt-score", _score, [f"hyp={tmp_path}/h.de", f"ref={tmp_path}/r.de"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.de", "r.de"]
+    assert "sacreBLEU" in capsys.readouterr().out
+    assert "nothing is written without out=" in USAGE["relmt-score"]
+
+
 # --- empty input --------------------------------------------------------------------------------
 
 def test_empty_hyp_and_ref_name_both_files(tmp_path, capsys):
@@ -133,8 +143,9 @@ def test_only_empty_lines(tmp_path, capsys):
     (tmp_path / "r.de").write_text("ein Satz\nnoch einer\n")
     assert guarded("relmt-score", _score, [f"hyp={tmp_path}/blank.txt", f"ref={tmp_path}/blank.txt"]) == 2
     assert f"ref={tmp_path}/blank.txt: all 2 lines are empty" in capsys.readouterr().err
-    assert guarded("relmt-score", _score, [f"hyp={tmp_path}/blank.txt", f"ref={tmp_path}/r.de"]) == 0
-    result = json.loads((tmp_path / "blank.txt.score.json").read_text())
+    out = f"out={tmp_path}/o.json"
+    assert guarded("relmt-score", _score, [f"hyp={tmp_path}/blank.txt", f"ref={tmp_path}/r.de", out]) == 0
+    result = json.loads((tmp_path / "o.json").read_text())
     assert result["sentences"] == 2 and result["sacrebleu"]["score"] == 0.0 and result["chrf"]["score"] == 0.0
 
 
@@ -143,8 +154,9 @@ def test_moses_language_from_suffix_or_english(tmp_path, capsys):
         "de", "fr", "en", "en", "en")
     (tmp_path / "h.txt").write_text("a b c d\n")
     (tmp_path / "r.txt").write_text("a b c d\n")
-    assert guarded("relmt-score", _score, [f"hyp={tmp_path}/h.txt", f"ref={tmp_path}/r.txt"]) == 0
-    assert json.loads((tmp_path / "h.txt.score.json").read_text())["lang"] == "en"  # not "txt"
+    out = f"out={tmp_path}/o.json"
+    assert guarded("relmt-score", _score, [f"hyp={tmp_path}/h.txt", f"ref={tmp_path}/r.txt", out]) == 0
+    assert json.loads((tmp_path / "o.json").read_text())["lang"] == "en"  # not "txt"
     assert guarded("relmt-score", _score, [f"hyp={tmp_path}/h.txt", f"ref={tmp_path}/r.txt", "lang=xx"]) == 2
     assert "lang=xx: Moses has no tokenization rules for it" in capsys.readouterr().err
 
