@@ -19,6 +19,7 @@ rather than silently different weights.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -212,18 +213,57 @@ def _save_error(path: Path, error: BaseException, need: int) -> UserError:
 
 # --- loading --------------------------------------------------------------------------------------------
 
+def resolve(path: str | Path) -> Path:
+    """A checkpoint file from what a user passes: the file itself, or a run directory or its
+    checkpoints/ folder, which stand for the run's train.test_checkpoint (from its config.yaml), else
+    best.pt, else last.pt; the choice is logged."""
+    path = Path(path)
+    if not path.is_dir():
+        if not path.exists() and "," in str(path):
+            raise UserError(f"{path}: no such checkpoint; for an ensemble, list the checkpoints in brackets: "
+                            f"checkpoint=[{','.join(p.strip() for p in str(path).split(','))}]")
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    rule = None
+    if (config := folder.parent / "config.yaml").is_file():
+        import yaml
+
+        with contextlib.suppress(yaml.YAMLError, AttributeError, TypeError):
+            rule = yaml.safe_load(config.read_text(encoding="utf-8"))["train"]["test_checkpoint"]
+    for name, why in ((rule, "the run's train.test_checkpoint"), ("best", "the best validation"),
+                      ("last", "the final update")):
+        if name and (folder / f"{name}.pt").is_file():
+            log.warning("%s is a directory: using %s (%s)", path, folder / f"{name}.pt", why)
+            return folder / f"{name}.pt"
+    raise UserError(f"{path}: a directory without best.pt or last.pt; pass a checkpoint file, e.g. "
+                    f"checkpoint={folder / 'best.pt'}")
+
+
+# torch.save writes a zip archive (b"PK"); before torch 1.6 a pickle (protocol 2+ starts with 0x80)
+TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")
+
+
 def load(path: str | Path, mmap: bool = False) -> dict:
     """Read a checkpoint onto the CPU and verify its checksum, or raise a UserError saying what is
     wrong with the file. mmap=True maps the tensors from the file instead of reading them into
-    memory, so the parts a caller drops (e.g. the optimizer, when averaging) never take RAM."""
-    path = Path(path)
+    memory, so the parts a caller drops (e.g. the optimizer, when averaging) never take RAM.
+    A run directory stands for its checkpoint (`resolve`)."""
+    path = resolve(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint")
+    with open(path, "rb") as f:
+        start = f.read(4)
+    if not start.startswith(TORCH_FILE_STARTS):
+        raise UserError(f"{path}: not a relmt checkpoint (not a file torch.save writes); a checkpoint is a "
+                        ".pt file in a run's checkpoints/ folder")
     problem = None
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - any failure to parse the bytes means the same thing
-        problem = str(e).strip() or repr(e)
+        problem = (str(e).strip() or repr(e)).splitlines()[0]
+        if problem.startswith("Weights only load failed"):  # torch's advice (weights_only=False) is not ours
+            raise UserError(f"{path}: not a relmt checkpoint (it holds Python objects, not only tensors and "
+                            "plain values)") from None
     if problem is not None:  # raised outside the except block, so that torch's text appears once
         raise UserError(f"{path}: not a readable checkpoint (corrupt or truncated?): {problem}")
     if not isinstance(payload, dict) or "model" not in payload or "config" not in payload:

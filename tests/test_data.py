@@ -386,7 +386,10 @@ def test_prepare_cli_summary_on_toy(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["data=text", "data.dir=/no/such/dir"], "data.dir=/no/such/dir: no such directory"),
+    (["data=text", "data.dir=/no/such/dir"], "data.dir=/no/such/dir: no such directory; point data.dir= at the "
+                                             "folder of the {split}.{en,de} files"),
+    (["experiment=multi30k_cpu", "data.dir=/no/multi30k"], "data.dir=/no/multi30k: no such directory (Multi30k: "
+                                                           "`data/get_multi30k.sh /no/multi30k` downloads it there)"),
     (["data.vocab_size=2"], "data.vocab_size: must be >= 8"),
     (["data.source=web"], "Invalid value 'web'"),
     (["data.nonsense=1"], "Could not override 'data.nonsense'"),

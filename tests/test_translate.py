@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from relmt import checkpoint
 from relmt.cli import _translate, guarded, renamed_overrides
@@ -134,6 +135,35 @@ def test_cli_errors(ckpt, tmp_path, capsys):
     assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", "beam=2", "nbest=3"]) == 2
     assert "nbest=3: must be in [1, beam=2]" in capsys.readouterr().err
     assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", "bogus=1"]) == 2
+
+
+def test_a_run_directory_stands_for_its_test_checkpoint(ckpt, tmp_path, capsys, caplog):
+    """checkpoint= a run directory or its checkpoints/ folder: the run's train.test_checkpoint, named on
+    stderr; config.yaml is no checkpoint; a comma list without brackets points to the ensemble syntax."""
+    run, src = ckpt.parent.parent, tmp_path / "src.txt"
+    src.write_text("the dog\n")
+    rule = yaml.safe_load((run / "config.yaml").read_text())["train"]["test_checkpoint"]
+    for given in (run, run / "checkpoints"):
+        caplog.clear()
+        assert guarded("relmt-translate", _translate, [f"checkpoint={given}", f"input={src}"]) == 0
+        assert f"{given} is a directory: using {run / 'checkpoints' / f'{rule}.pt'}" in caplog.text
+    assert guarded("relmt-translate", _translate, [f"checkpoint={run / 'config.yaml'}", f"input={src}"]) == 2
+    err = capsys.readouterr().err
+    assert "config.yaml: not a relmt checkpoint (not a file torch.save writes)" in err and "weights_only" not in err
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt},{ckpt}", f"input={src}"]) == 2
+    assert f"for an ensemble, list the checkpoints in brackets: checkpoint=[{ckpt},{ckpt}]" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert guarded("relmt-translate", _translate, [f"checkpoint={empty}", f"input={src}"]) == 2
+    assert "a directory without best.pt or last.pt; pass a checkpoint file" in capsys.readouterr().err
+
+
+def test_translate_takes_a_single_string(ckpt):
+    translator = Translator.from_checkpoint(ckpt)
+    one = translator.translate(SENTENCES[0], beam=2, max_len_b=6)
+    assert isinstance(one, str) and one == translator.translate(SENTENCES[:1], beam=2, max_len_b=6)[0]
+    with pytest.raises(UserError, match="expected a list of sentences \\(str\\), got list of int"):
+        translator.translate_nbest([1, 2])
 
 
 # --- overrides go through DecodeConfig's checks (issue 11) ------------------------------------------------

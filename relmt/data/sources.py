@@ -107,7 +107,9 @@ def origin(cfg: DataConfig, name: str) -> str:
 def _text(cfg: DataConfig) -> datasets.DatasetDict:
     folder = Path(cfg.dir)
     if not folder.is_dir():
-        raise UserError(f"data.dir={cfg.dir}: no such directory")
+        hint = f" (Multi30k: `data/get_multi30k.sh {cfg.dir}` downloads it there)" if "multi30k" in str(cfg.dir) else ""
+        raise UserError(f"data.dir={cfg.dir}: no such directory{hint}; point data.dir= at the folder of the "
+                        f"{{split}}.{{{cfg.src},{cfg.tgt}}} files")
     out = {}
     for name, split in cfg.splits.items():
         paths = [folder / f"{split}.{lang}" for lang in (cfg.src, cfg.tgt)]

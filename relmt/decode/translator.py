@@ -129,10 +129,13 @@ class Translator:
             compile_decoding(model)
         return cls(model, tokenizer, cfg.decode, dev, dtype)
 
-    def translate(self, sentences: list[str], **decode: object) -> list[str]:
-        """The best translation of each sentence. Keyword arguments override DecodeConfig fields
-        (beam, lenpen, max_len_a, max_len_b, max_source_tokens, max_sentences, nbest, early_stop, min_len,
-        eos_candidates, max_source_len, sampling, topk, topp, temperature, seed)."""
+    def translate(self, sentences: list[str] | str, **decode: object) -> list[str] | str:
+        """The best translation of each sentence; of a single string, its translation as a string.
+        Keyword arguments override DecodeConfig fields (beam, lenpen, max_len_a, max_len_b,
+        max_source_tokens, max_sentences, nbest, early_stop, min_len, eos_candidates, max_source_len,
+        sampling, topk, topp, temperature, seed)."""
+        if isinstance(sentences, str):
+            return self.translate([sentences], **decode)[0]
         return [hyps[0][0] if hyps else "" for hyps in self.translate_nbest(sentences, **decode)]
 
     def translate_nbest(self, sentences: list[str], progress: bool = False, name: str = "input",
@@ -146,6 +149,10 @@ class Translator:
                    **decode: object) -> list[list[Hypothesis]]:
         """The `nbest` hypotheses (output ids and score) of each sentence; [] for an empty line.
         Sentence i is line first_line + i of `name` in the warning about a truncated source."""
+        if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
+            raise UserError(f"expected a list of sentences (str), got {type(sentences).__name__}"
+                            + (f" of {type(next(s for s in sentences if not isinstance(s, str))).__name__}"
+                               if not isinstance(sentences, str) else " (translate() takes a single string)"))
         cfg = replace(self.decode, **decode)
         ids = [x if s.strip() else [] for s, x in zip(sentences, self.tokenizer.encode(sentences))]
         return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
