@@ -114,10 +114,30 @@ def prepare() -> None:
     sys.exit(guarded("relmt-prepare", _prepare))
 
 
+def closest(word: str, choices: list[str]) -> str:
+    """' (did you mean X?)' for the choice nearest `word`, or '' when none is near."""
+    import difflib
+
+    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    near = near or sorted((c for c in choices if word.startswith(c) or c.startswith(word)), key=len)[-1:]
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def parse_args(schema: type, argv: list[str]):
-    """key=value arguments validated against a dataclass schema (unknown keys and bad types fail)."""
+    """key=value arguments validated against a dataclass schema: a bare word, an unknown key (with the
+    nearest known one) and a bad type fail, naming the argument."""
+    from dataclasses import fields
+
     from omegaconf import OmegaConf
 
+    keys = [f.name for f in fields(schema)]
+    example = " ".join(f"{f.name}=..." for f in fields(schema) if f.default == "???") or f"{keys[0]}=..."
+    for arg in argv:
+        key, eq, _ = arg.partition("=")
+        if not eq:
+            raise UserError(f"'{arg}': arguments are key=value, e.g. {example} (keys: {', '.join(keys)})")
+        if key.split(".")[0] not in keys:
+            raise UserError(f"{key}: no such argument{closest(key, keys)}; the arguments are {', '.join(keys)}")
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv)))
 
 

@@ -116,6 +116,14 @@ def test_score_writes_json_only_to_out(tmp_path, capsys):
     assert "nothing is written without out=" in USAGE["relmt-score"]
 
 
+def test_score_arguments_are_key_value_and_a_typo_names_the_key(tmp_path, capsys):
+    assert guarded("relmt-score", _score, ["a.tgt", "b.tgt"]) == 2
+    err = capsys.readouterr().err
+    assert "'a.tgt': arguments are key=value, e.g. hyp=... ref=... (keys: hyp, ref, src, lang, buckets, out)" in err
+    assert guarded("relmt-score", _score, ["hyp_file=a.tgt", "ref=b.tgt"]) == 2
+    assert "hyp_file: no such argument (did you mean hyp?)" in capsys.readouterr().err
+
+
 # --- empty input --------------------------------------------------------------------------------
 
 def test_empty_hyp_and_ref_name_both_files(tmp_path, capsys):
