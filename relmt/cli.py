@@ -425,6 +425,50 @@ def run_dir_label(path: str) -> str:
 HYDRA_RUN_FILES = {".hydra", "train.log"}
 
 
+# What the existing run directories named on the command line held before Hydra wrote into them: each
+# .hydra/*.yaml's bytes and train.log's size, so that a refused command changes nothing there.
+_BEFORE: dict = {}
+
+
+def remember_run_dirs(argv: list[str]) -> None:
+    """Note what hydra.run.dir (or each job directory of hydra.sweep.dir) holds, if it exists."""
+    from pathlib import Path
+
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key not in ("hydra.run.dir", "hydra.sweep.dir") or not Path(value.strip("'\"")).is_dir():
+            continue
+        root = Path(value.strip("'\""))
+        for run in [root, *(p for p in root.iterdir() if p.is_dir() and key == "hydra.sweep.dir")]:
+            _BEFORE[run.resolve()] = {"log": (run / "train.log").stat().st_size if (run / "train.log").is_file()
+                                      else None, "hydra": {f.name: f.read_bytes() for f in (run / ".hydra").glob("*")
+                                                           if f.is_file()}}
+
+
+def restore_run_dir(path: str) -> None:
+    """Put back what Hydra wrote into an existing run directory for a command that was then refused:
+    train.log cut to its old length (or removed), .hydra/ as it was."""
+    from pathlib import Path
+
+    run = Path(path)
+    before = _BEFORE.get(run.resolve())
+    if before is None:
+        return
+    log = run / "train.log"
+    if before["log"] is None:
+        log.unlink(missing_ok=True)
+    elif log.is_file():
+        os.truncate(log, before["log"])
+    hydra = run / ".hydra"
+    for f in hydra.glob("*") if hydra.is_dir() else []:
+        if f.name not in before["hydra"]:
+            f.unlink()
+    for name, data in before["hydra"].items():
+        (hydra / name).write_bytes(data)
+    if hydra.is_dir() and not any(hydra.iterdir()):
+        hydra.rmdir()
+
+
 def remove_unstarted_run_dir(path: str) -> None:
     """Remove a run directory that holds nothing but what Hydra wrote before the command was
     refused, so that a refused command leaves no new run directory behind. A directory holding
@@ -435,6 +479,15 @@ def remove_unstarted_run_dir(path: str) -> None:
     run = Path(path)
     if (run / ".hydra").is_dir() and {p.name for p in run.iterdir()} <= HYDRA_RUN_FILES:
         shutil.rmtree(run, ignore_errors=True)
+
+
+def log_to_file(level: int, message: str) -> None:
+    """`message` into the run's train.log only: the terminal gets it once, from the caller's print."""
+    logger = logging.getLogger("relmt")
+    record = logger.makeRecord(logger.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def _train_job(dcfg) -> float | None:
@@ -455,14 +508,16 @@ def _train_job(dcfg) -> float | None:
         cfg.out_dir = out_dir
         metrics = train_loop(cfg)
     except (UserError, ValueError) as e:
-        logging.getLogger("relmt").error("%s", format_error(e))
+        log_to_file(logging.ERROR, format_error(e))
         print(f"relmt-train: error: {format_error(e)}", file=sys.stderr)
         if int(os.environ.get("RANK", "0")) == 0:
+            logging.shutdown()  # train.log closed before it is cut back
+            restore_run_dir(out_dir)
             remove_unstarted_run_dir(out_dir)
         sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt as e:  # a second SIGINT/SIGTERM, or Ctrl-C before the loop started
         message = f"relmt-train: interrupted: {str(e) or 'Ctrl-C'}; the checkpoints saved so far are kept"
-        logging.getLogger("relmt").warning("%s", message)
+        log_to_file(logging.WARNING, message)
         print(message, file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     if metrics["status"] == "interrupted":  # loop.train logged how to resume
@@ -472,6 +527,66 @@ def _train_job(dcfg) -> float | None:
         for split, result in metrics.get("test", {}).items():
             print(f"{split}: BLEU {result['bleu']:.2f} ({result['sentences']} sentences; {result['signature']})")
     return metrics["best"]["value"]
+
+
+def sweep_values(value: str) -> list[str]:
+    """The values of a Hydra override: `a,b` sweeps both; a list ([1,2]), a quoted string or a sweep
+    function (range(...)) is taken as one value."""
+    if value[:1] in "[{'\"" or "(" in value:
+        return [value]
+    return value.split(",")
+
+
+def check_overrides(argv: list[str]) -> list[str]:
+    """What is wrong with the command line's key=value overrides, as messages naming the nearest valid
+    key, config or value: a key that is not in relmt.config's schema, a config group option with no
+    configs/<group>/<name>.yaml, or a value that is not one of a field's enum values. Hydra reports
+    these with status 1, and for a key typo advises `+key=`, which adds a key relmt would not read."""
+    import dataclasses
+    import enum
+    import types
+    import typing
+
+    from relmt.config import Config, config_dir
+
+    groups = {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in config_dir().iterdir()
+              if d.is_dir() and d.name != "hydra"}
+    problems = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key.startswith(("-", "+", "~", "hydra")):  # -m, additions, deletions, Hydra's own keys
+            continue
+        if key in groups:
+            for name in sweep_values(value):
+                if name not in groups[key] and "(" not in name:
+                    problems.append(f"{key}={name}: no such config{closest(name, groups[key])}; the {key} "
+                                    f"configs (configs/{key}/) are {', '.join(groups[key])}")
+            continue
+        kind, path, parts = Config, [], key.split(".")
+        for i, part in enumerate(parts):
+            if typing.get_origin(kind) is dict:  # data.splits.<any name>
+                kind = typing.get_args(kind)[1]
+                path.append(part)
+                continue
+            fields = typing.get_type_hints(kind) if dataclasses.is_dataclass(kind) else {}
+            if part not in fields:
+                near = closest(part, list(fields)).removeprefix(" (did you mean ").removesuffix("?)")
+                hint = f" (did you mean {'.'.join([*path, near, *parts[i + 1:]])}?)" if near else ""
+                where = " in " + ".".join(path) if path else ""
+                problems.append(f"{key}: no such key{where}{hint}")
+                break
+            kind = fields[part]
+            path.append(part)
+        else:
+            if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None
+                kind = next(a for a in typing.get_args(kind) if a is not type(None))
+            if isinstance(kind, type) and issubclass(kind, enum.Enum):
+                allowed = [e.value for e in kind]
+                for name in sweep_values(value):
+                    if name not in allowed and name != "null" and "(" not in name:
+                        problems.append(f"{key}={name}: not a valid value{closest(name, allowed)}; the values are "
+                                        f"{', '.join(allowed)}")
+    return problems
 
 
 def renamed_overrides(argv: list[str]) -> list[str]:
@@ -490,11 +605,12 @@ def train() -> None:
 
     from relmt.config import config_dir, register_configs
 
-    renamed = renamed_overrides(sys.argv[1:])
-    if renamed:
-        print(f"relmt-train: error: {'; '.join(renamed)}", file=sys.stderr)
+    problems = renamed_overrides(sys.argv[1:]) or check_overrides(sys.argv[1:])
+    if problems:
+        print(f"relmt-train: error: {'; '.join(problems)}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     register_configs()
+    remember_run_dirs(sys.argv[1:])
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: one run directory for all ranks
         if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
             sys.argv.append(f"hydra.run.dir=runs/ddp-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")

@@ -71,19 +71,54 @@ def test_cli_run_writes_the_run_directory_and_prints_bleu(tmp_path):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("model.positions=relative", "Invalid value 'relative'"),
-    ("train.nonsense=3", "Could not override 'train.nonsense'"),
+    ("model.positions=relative", "model.positions=relative: not a valid value (did you mean rel?); the values are "
+                                 "abs, rel, both, none, rope, alibi, t5"),
+    ("train.nonsense=3", "train.nonsense: no such key in train"),
+    ("train.max_step=100", "train.max_step: no such key in train (did you mean train.max_steps?)"),
+    ("trian.max_steps=100", "trian.max_steps: no such key (did you mean train.max_steps?)"),
     ("train.max_steps=-1", "train.max_steps: must be >= 0"),
     ("model.max_relative_position=-2", "model.max_relative_position: k must be >= 0"),
-    ("data=nope", "Could not find 'data/nope'"),
+    ("data=nope", "data=nope: no such config; the data configs (configs/data/) are europarl_split, multi30k,"),
+    ("model=tinny", "model=tinny: no such config (did you mean tiny?); the model configs (configs/model/) are base,"),
     ("train.lr=0.1", "train.lr was renamed: use train.noam_scale under lr_schedule=noam, train.peak_lr under"),
     ("train.max_tokens=512", "train.max_tokens was renamed: use train.max_padded_tokens"),
 ])
 def test_bad_overrides_fail_with_a_clear_message(tmp_path, override, message):
+    """Bad input exits 2 (the README's status), with one message naming the nearest valid key, config or
+    value, printed once; Hydra's advice for a typo, +key=, would add a key relmt never reads."""
     done = cli(tmp_path, "bad", override)
-    assert done.returncode != 0
-    assert message in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and done.stderr.count(message) == 1
+    assert "Traceback" not in done.stderr and "+train" not in done.stderr
+
+
+def test_a_refused_command_changes_nothing_in_an_existing_run_and_says_it_once(tmp_path):
+    """A command refused before training starts (a bad data.dir, a run that exists without resume, beam=0)
+    leaves train.log, .hydra/ and config.yaml as they were, and prints its error once."""
+    run = tmp_path / "run"
+    assert cli(tmp_path, "run").returncode == 0
+    files = ["train.log", "config.yaml", *(f".hydra/{f.name}" for f in (run / ".hydra").iterdir())]
+    before = {name: (run / name).read_bytes() for name in files}
+    for overrides, message in ((["data=text", "data.dir=/no/such/dir", "train.resume=true"], "cannot resume with"),
+                               (["seed=7"], "already holds a run"), (["decode.beam=0"], "decode.beam: must be >= 1")):
+        done = cli(tmp_path, "run", *overrides)
+        assert done.returncode == 2
+        assert done.stderr.count(message) == 1, done.stderr
+        assert {name: (run / name).read_bytes() for name in files} == before, overrides
+    assert not (tmp_path / "fresh").exists() and cli(tmp_path, "fresh", "decode.beam=0").returncode == 2
+    assert not (tmp_path / "fresh").exists()  # a new run directory is not left behind
+
+
+def test_sweep_overrides_are_checked_value_by_value():
+    from relmt.cli import check_overrides
+
+    assert check_overrides(["-m", "model.positions=abs,rel,rope", "model=tiny,toy", "data.splits.extra=x",
+                            "train.patience=null", "hydra.sweep.dir=x", "+foo=1"]) == []
+    assert check_overrides(["model.positions=abs,relativ", "model=tiny,tinny"]) == [
+        "model.positions=relativ: not a valid value (did you mean rel?); the values are abs, rel, both, none, rope, "
+        "alibi, t5",
+        "model=tinny: no such config (did you mean tiny?); the model configs (configs/model/) are base, big, mmt_tiny, "
+        "small, tiny, toy"]
 
 
 def test_sigterm_finishes_the_step_saves_and_exits_with_the_interrupted_status(tmp_path):
