@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,24 @@ def test_a_refused_command_changes_nothing_in_an_existing_run_and_says_it_once(t
         assert {name: (run / name).read_bytes() for name in files} == before, overrides
     assert not (tmp_path / "fresh").exists() and cli(tmp_path, "fresh", "decode.beam=0").returncode == 2
     assert not (tmp_path / "fresh").exists()  # a new run directory is not left behind
+
+
+def test_progress_and_an_eta_show_after_ten_updates(tmp_path):
+    """A run whose first log_every is far off says how fast it goes after 10 updates, with an ETA."""
+    done = cli(tmp_path, "run", "train.max_steps=12", "train.log_every=50", "train.eval_every=12",
+               "train.valid_bleu=false")
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "run" / "train.log").read_text().splitlines()
+    early = [line for line in lines if "step 10 | first 10 updates:" in line]
+    assert len(early) == 1 and re.search(r"\d+ tgt tok/s, [\d.]+ s per update \| ETA \d+s$", early[0]), early
+
+
+def test_eta_and_durations():
+    from relmt.train.loop import duration, eta
+
+    assert (duration(9.4), duration(250), duration(7500)) == ("9s", "4m10s", "2h05m")
+    assert eta(110, 100, 1000, 20.0) == " | ETA 29m40s"  # 2 s per update, 890 to go
+    assert eta(10, 0, 0, 5.0) == "" and eta(100, 100, 1000, 0.0) == ""
 
 
 def test_sweep_overrides_are_checked_value_by_value():

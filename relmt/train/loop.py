@@ -124,8 +124,25 @@ def open_run_log(out: Path, step: int, resumed: bool) -> RunLog:
     return RunLog(writer, (out / "metrics.jsonl").open("a"))
 
 
+EARLY_UPDATES = 10  # a first progress line after this many updates, before the first log_every
+
+
+def duration(seconds: float) -> str:
+    """'2h05m', '4m10s', '9s'."""
+    s = round(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def eta(step: int, first_step: int, max_steps: int, seconds: float) -> str:
+    """' | ETA 1h02m' from the wall time per update of this session so far (validation included), or ''
+    without a step limit."""
+    if not max_steps or step <= first_step:
+        return ""
+    return f" | ETA {duration(seconds / (step - first_step) * max(max_steps - step, 0))}"
+
+
 def log_window(window: dict[str, float], lr: float, step: int, epoch: int, run_log: RunLog | None,
-               bar: tqdm) -> None:
+               bar: tqdm, until: str = "") -> None:
     """Log the training figures of the updates summed in `window` (per target token, per second)."""
     stats = {"loss": window["loss"] / window["tgt"], "nll": window["nll"] / window["tgt"],
              "ppl": math.exp(min(window["nll"] / window["tgt"], 50)), "lr": lr,
@@ -135,8 +152,8 @@ def log_window(window: dict[str, float], lr: float, step: int, epoch: int, run_l
              "tgt_tokens": int(window["tgt"]), "updates": int(window["updates"]), "epoch": epoch}
     if run_log is not None:
         run_log.record(step, "train", stats)
-    log.info("step %d | loss %.3f | ppl %.2f | lr %.3g | |g| %.3g | %.0f tgt tok/s", step, stats["loss"],
-             stats["ppl"], lr, stats["grad_norm"], stats["tokens_per_s"])
+    log.info("step %d | loss %.3f | ppl %.2f | lr %.3g | |g| %.3g | %.0f tgt tok/s%s", step, stats["loss"],
+             stats["ppl"], lr, stats["grad_norm"], stats["tokens_per_s"], until)
     bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{stats['tokens_per_s']:.0f}")
 
 
@@ -252,6 +269,7 @@ def train(cfg: Config) -> dict:
     interrupted = False
     window = dict.fromkeys(WINDOW, 0.0)
     batches = sampler.epoch(state.epoch)
+    first_step, t_session = state.step, time.perf_counter()  # this session's updates, for the ETA
     with stop_signals() as received:
         while not finished(state, tcfg) and not interrupted:
             t0 = time.perf_counter()
@@ -275,9 +293,14 @@ def train(cfg: Config) -> dict:
             for k, v in zip(WINDOW, (loss_sum, nll_sum, n_tgt, n_src, seconds, grad_norm, 1)):
                 window[k] += v
             bar.update(1)
+            until = eta(state.step, first_step, tcfg.max_steps, time.perf_counter() - t_session)
             if state.step % tcfg.log_every == 0:
-                log_window(window, lr, state.step, state.epoch, run_log, bar)
+                log_window(window, lr, state.step, state.epoch, run_log, bar, until)
                 window = dict.fromkeys(WINDOW, 0.0)
+            elif state.step - first_step == EARLY_UPDATES and dist.is_main:  # progress before the first log line
+                log.info("step %d | first %d updates: %.0f tgt tok/s, %.2f s per update%s", state.step,
+                         EARLY_UPDATES, window["tgt"] / window["seconds"], window["seconds"] / window["updates"],
+                         until)
 
             interrupted = distributed.any_rank("signal" in received, dist)
             names = [f"step_{state.step}.pt", "last.pt"] if state.step % tcfg.save_every == 0 else []
