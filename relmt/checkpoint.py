@@ -254,6 +254,9 @@ def load(path: str | Path, mmap: bool = False) -> dict:
     with open(path, "rb") as f:
         start = f.read(4)
     if not start.startswith(TORCH_FILE_STARTS):
+        if path.suffix == ".pt":
+            raise UserError(f"{path}: not a readable checkpoint (corrupt or truncated?): it does not begin as a "
+                            "file torch.save writes")
         raise UserError(f"{path}: not a relmt checkpoint (not a file torch.save writes); a checkpoint is a "
                         ".pt file in a run's checkpoints/ folder")
     problem = None

@@ -471,7 +471,8 @@ def restore_run_dir(path: str) -> None:
 
 def remove_unstarted_run_dir(path: str) -> None:
     """Remove a run directory that holds nothing but what Hydra wrote before the command was
-    refused, so that a refused command leaves no new run directory behind. A directory holding
+    refused, and the empty folders above it up to the working directory, so that a refused command
+    leaves no new run directory behind. A directory holding
     anything else (a run's checkpoints or logs, a user's files) is left as it is."""
     import shutil
     from pathlib import Path
@@ -479,6 +480,39 @@ def remove_unstarted_run_dir(path: str) -> None:
     run = Path(path)
     if (run / ".hydra").is_dir() and {p.name for p in run.iterdir()} <= HYDRA_RUN_FILES:
         shutil.rmtree(run, ignore_errors=True)
+        # and the folders Hydra made for it (runs/<date>/), when nothing else is in them
+        for parent in run.parents if not run.is_absolute() else []:
+            if parent == Path(".") or any(parent.iterdir()):
+                break
+            parent.rmdir()
+
+
+def shell_word(word: str) -> str:
+    """`word` as one POSIX shell word: bare when it needs no quoting, else in double quotes when
+    nothing in it is special there, else shlex's single quotes."""
+    import shlex
+
+    if shlex.quote(word) == word:
+        return word
+    return f'"{word}"' if not set(word) & set('"$`\\!') else shlex.quote(word)
+
+
+def hydra_value(value: str) -> str:
+    """A string as a Hydra override value: quoted when it holds characters Hydra's grammar reads
+    (= , [ ] { } ( ) quotes spaces), as a sweep job's directory name does (model.positions=abs,...)."""
+    import re
+
+    if re.fullmatch(r"[\w./:@+-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def resume_command(task_overrides: list[str], run_dir: str) -> str:
+    """The command that continues a run: its own overrides, train.resume=true and its directory, each
+    quoted so that it works pasted into a POSIX shell."""
+    args = [o for o in task_overrides if not o.startswith(("train.resume=", "hydra.run.dir="))]
+    return " ".join(["relmt-train", *map(shell_word, args), "train.resume=true",
+                     shell_word(f"hydra.run.dir={hydra_value(run_dir)}")])
 
 
 def log_to_file(level: int, message: str) -> None:
@@ -497,15 +531,22 @@ def _train_job(dcfg) -> float | None:
     config.yaml once it accepts the run, so a refused command leaves the run directory as it was."""
     import datasets
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from relmt.config import to_config
     from relmt.train.loop import train as train_loop
 
     datasets.disable_progress_bars()
-    out_dir = dcfg.out_dir or run_dir_label(HydraConfig.get().runtime.output_dir)
+    hydra = HydraConfig.get() if HydraConfig.initialized() else None  # None: called as a function (tests)
+    out_dir = dcfg.out_dir or run_dir_label(hydra.runtime.output_dir)
     try:
         cfg = to_config(dcfg)
         cfg.out_dir = out_dir
+        if cfg.train.resume and hydra is not None and hydra.mode == RunMode.RUN and not any(
+                o.startswith("hydra.run.dir=") for o in hydra.overrides.hydra):
+            raise UserError(f"train.resume=true needs the run's directory, and none was given (Hydra made a new "
+                            f"one, {out_dir}): add hydra.run.dir=<the run's directory>, e.g. "
+                            "hydra.run.dir=runs/2026-11-22/10-00-00")
         metrics = train_loop(cfg)
     except (UserError, ValueError) as e:
         log_to_file(logging.ERROR, format_error(e))
@@ -520,7 +561,11 @@ def _train_job(dcfg) -> float | None:
         log_to_file(logging.WARNING, message)
         print(message, file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
-    if metrics["status"] == "interrupted":  # loop.train logged how to resume
+    if metrics["status"] == "interrupted":
+        task = list(hydra.overrides.task) if hydra is not None else []
+        message = f"relmt-train: interrupted; resume with: {resume_command(task, out_dir)}"
+        log_to_file(logging.WARNING, message)
+        print(message, file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     if metrics["status"] == "completed" and int(os.environ.get("RANK", "0")) == 0:
         print(f"run directory: {metrics['run_dir']}")

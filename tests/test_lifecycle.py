@@ -72,7 +72,7 @@ def test_a_refused_command_leaves_the_run_directory_as_it_was(tmp_path):
         assert files(tmp_path / "run") == before, refused
 
 
-@pytest.mark.parametrize("override", ["train.resume=true", "train.max_steps=-1"])
+@pytest.mark.parametrize("override", ["decode.beam=0", "train.max_steps=-1"])
 def test_a_command_refused_before_training_leaves_no_new_run_directory(tmp_path, override):
     done = cli(tmp_path, "new", override)
     assert done.returncode == EXIT_USER_ERROR, done.stderr

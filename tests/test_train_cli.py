@@ -120,6 +120,54 @@ def test_progress_and_an_eta_show_after_ten_updates(tmp_path):
     assert len(early) == 1 and re.search(r"\d+ tgt tok/s, [\d.]+ s per update \| ETA \d+s$", early[0]), early
 
 
+def test_an_interrupted_sweep_requeued_resumes_starts_and_skips_its_jobs(tmp_path):
+    """SIGINT in the first job of a two-job sweep exits 3 and prints a resume command that works pasted into
+    a shell; the sweep requeued with train.resume=true resumes the first job, starts the second (which never
+    started) from scratch, and requeued once more skips both."""
+    sweep = tmp_path / "sweep"
+    base = [RELMT_TRAIN, "-m", *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}",
+            "train.max_steps=40", "train.valid_bleu=false", "model.positions=abs,rel"]
+
+    def jobs() -> list[Path]:
+        return sorted(p for p in sweep.iterdir() if p.is_dir()) if sweep.is_dir() else []
+
+    proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: bool(jobs()) and len(logged_steps(jobs()[0])) >= 8, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert len(jobs()) == 1
+    hint = next(line for line in err.splitlines() if "resume with: " in line).split("resume with: ")[1]
+    assert "'hydra.run.dir=" not in hint and "hydra.run.dir='" in hint  # Hydra-quoted, then shell-quoted
+
+    done = subprocess.run([*base, "train.resume=true"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    first, second = jobs()
+    assert "resumed from" in (first / "train.log").read_text()
+    assert "no checkpoint in" in (second / "train.log").read_text()
+    assert "so the run starts from scratch" in (second / "train.log").read_text()
+    for job in (first, second):
+        metrics = json.loads((job / "metrics.json").read_text())
+        assert metrics["status"] == "completed" and metrics["steps"] == 40
+
+    again = subprocess.run([*base, "train.resume=true"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    for job in (first, second):
+        assert (job / "train.log").read_text().count("already completed (metrics.json)") == 1
+    pasted = subprocess.run(["bash", "-c", hint.replace("relmt-train", RELMT_TRAIN, 1)], capture_output=True,
+                            text=True, timeout=300)
+    assert pasted.returncode == 0, pasted.stderr
+    assert (first / "train.log").read_text().count("already completed (metrics.json)") == 2
+
+
+def test_resume_without_the_run_directory_says_how_to_give_it(tmp_path):
+    done = subprocess.run([RELMT_TRAIN, *TINY, f"data.cache_dir={tmp_path / 'cache'}", "train.resume=true"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "train.resume=true needs the run's directory, and none was given" in done.stderr
+    assert "add hydra.run.dir=<the run's directory>" in done.stderr and not (tmp_path / "runs").exists()
+
+
 def test_eta_and_durations():
     from relmt.train.loop import duration, eta
 

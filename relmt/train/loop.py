@@ -224,6 +224,9 @@ def train(cfg: Config) -> dict:
     # A resume is checked before the data is prepared: a refused one should not wait for a cache build.
     batch_source = resume.batch_source(cfg.data, dist.world_size)
     ck_path, ck = resume.open_checkpoint(cfg, ckpt_dir, batch_source)
+    if ck is not None and (done := resume.already_completed(out, cfg)) is not None:
+        log.info("%s already completed (metrics.json): nothing to train or score", out)
+        return done
     source = init.open_source(cfg, resuming=ck is not None)  # train.init_from; checked before the data work too
 
     # Data: rank 0 builds the cache if needed, then every other rank loads it.
@@ -328,9 +331,9 @@ def train(cfg: Config) -> dict:
     if dist.world_size > 1:
         metrics["ddp_params_in_sync"] = finish.params_in_sync(model, dist)
     if interrupted:
-        log.warning("stopped by %s after step %d; %s holds the state. Resume with the same command plus "
-                    "train.resume=true hydra.run.dir=%s", received.get("signal", "a signal on another rank"),
-                    state.step, last, out)
+        log.warning("stopped by %s after step %d; %s holds the state: train.resume=true with this run "
+                    "directory (%s) continues it", received.get("signal", "a signal on another rank"), state.step,
+                    last, out)
     elif dist.is_main:
         metrics.update(finish.score_tests(model, corpus, cfg, ckpt_dir, out, dist.device, amp))
     if run_log is not None:

@@ -139,8 +139,9 @@ def open_checkpoint(cfg: Config, ckpt_dir: Path, batches: dict) -> tuple[Path | 
             raise UserError(f"{cfg.out_dir} already holds a run ({found}): pass train.resume=true to continue "
                             "it, or choose another hydra.run.dir")
         return None, None
-    if cfg.train.init_from and not saved_any:
-        log.info("train.resume: no checkpoint in %s yet, so the run starts from train.init_from", ckpt_dir)
+    if not saved_any:  # a requeued job that was stopped (or never started) before its first checkpoint
+        log.info("train.resume=true: no checkpoint in %s yet, so the run starts from %s", ckpt_dir,
+                 "train.init_from" if cfg.train.init_from else "scratch")
         return None, None
     path, ck = resume_checkpoint(ckpt_dir)
     saved = upgrade_config(ck["config"])
@@ -225,3 +226,24 @@ def trim_history(path: Path, step: int) -> None:
         os.replace(tmp, path)
         log.info("%s: dropped %d records logged after step %d, the resumed one", path, len(lines) - len(kept),
                  step)
+
+
+STOPPING_KEYS = ("max_steps", "max_epochs", "patience")
+
+
+def already_completed(out: Path, cfg: Config) -> dict | None:
+    """metrics.json of a completed run that train.resume=true would only finish again: its status is
+    completed and its config.yaml stops where this config does (a larger max_steps trains on)."""
+    import yaml
+
+    metrics, saved = out / "metrics.json", out / "config.yaml"
+    if not (cfg.train.resume and metrics.is_file() and saved.is_file()):
+        return None
+    try:
+        figures, train = json.loads(metrics.read_text()), yaml.safe_load(saved.read_text())["train"]
+    except (ValueError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    now = to_dict(cfg)["train"]
+    if figures.get("status") != "completed" or any(train.get(k) != now[k] for k in STOPPING_KEYS):
+        return None
+    return figures
