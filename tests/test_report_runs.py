@@ -103,8 +103,9 @@ def test_report_layer_imports_no_trainer_cli_or_bench():
 
 
 def test_length_filtered_runs_form_a_group_of_their_own(tmp_path):
-    for name, extra in (("full", {}), ("filtered", {"train_max_src_words": 14}), ("off", {"train_max_src_words": 0})):
-        write_run(tmp_path / name, config(1, "rel", **extra), {"test": {"bleu": 30.0}})
+    for name, seed, extra in (("full", 1, {}), ("filtered", 1, {"train_max_src_words": 14}),
+                              ("off", 2, {"train_max_src_words": 0})):
+        write_run(tmp_path / name, config(seed, "rel", **extra), {"test": {"bleu": 30.0}})
     with contextlib.redirect_stdout(io.StringIO()) as buf:
         assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x"]) == 0
     md = buf.getvalue()
@@ -179,3 +180,28 @@ def test_translations_and_references_split_on_newlines_only(tmp_path):
     doc = json.loads((tmp_path / "out" / "x.json").read_text())
     (test,) = [c for c in doc["groups"][0]["significance"] if (c["baseline"], c["system"]) == ("abs", "rel")]
     assert test["missing"] == [] and len(test["tests"]) == 1 and test["sentences"] == 30
+
+
+def test_runs_average_as_seeds_only_when_every_other_setting_agrees(tmp_path):
+    """Issue 32 §3: a rel run with shared heads and one with per-head tables, both seed 1, were averaged as
+    'rel (2)' with 'seeds 1'. Now the report warns, naming the setting and its values; a second run with
+    the same seed and settings is a duplicate, left out and named; a run from before a setting existed
+    agrees with one that has its default."""
+    test = {"test": {"bleu": 30.0}}
+    write_run(tmp_path / "runs" / "a", config(1, "rel"), test)
+    shared = config(1, "rel")
+    shared["model"]["relative_share_heads"] = True
+    write_run(tmp_path / "runs" / "b", shared, {"test": {"bleu": 10.0}})
+    copy = config(1, "rel")
+    copy["data"]["lowercase"] = False  # today's default, which run a's config.yaml predates
+    write_run(tmp_path / "runs" / "c", copy, test)
+    out = tmp_path / "out"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path / "runs"), "--out", str(out), "--name", "r"]) == 0
+    page = (out / "r.md").read_text()
+    assert f"**Warning:** `{tmp_path / 'runs' / 'a'}`, `{tmp_path / 'runs' / 'b'}` are averaged as seeds of one " \
+           "configuration but differ in model.relative_share_heads: false, true." in page
+    assert f"Left out 1 duplicate run: `{tmp_path / 'runs' / 'c'}` (a duplicate of {tmp_path / 'runs' / 'a'}: " \
+           "seed 1, the same settings)." in page
+    doc = json.loads((out / "r.json").read_text())
+    assert len(doc["warnings"]) == 1 and len(doc["runs"]) == 2 and "settings" not in doc["runs"][0]

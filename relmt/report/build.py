@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relmt.report.claims import check_claims
-from relmt.report.controls import controls_table, split_variants, stages_table
+from relmt.report.controls import Setting, controls_table, split_variants, stages_table
 from relmt.report.curves import learning_curves
 from relmt.report.runs import ReportError, Run, find_run_dirs, read_runs
 from relmt.report.significance import compare_group
@@ -22,6 +22,7 @@ class Report:
     refs: dict[str | None, Path] = field(default_factory=dict)  # --refs: data set (None: any) -> folder
     n_samples: int = 1000
     extra: dict = field(default_factory=dict)  # what a report kind adds (the length report's cutoffs)
+    warnings: list[str] = field(default_factory=list)  # runs averaged as seeds whose settings differ
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
@@ -60,20 +61,54 @@ def analyse(group: Group, refs: dict[str | None, Path], n_samples: int) -> Group
     return group
 
 
-def load(sources: list[str]) -> tuple[list[Run], list[tuple[Path, str]]]:
-    """The completed runs under `sources` and the directories skipped; ReportError if there is none."""
+def seed_groups(runs: list[Run]) -> dict[tuple, list[Run]]:
+    """The runs that one table cell averages as seeds: one data set, model and cutoff, and one Setting."""
+    out: dict[tuple, list[Run]] = {}
+    for r in runs:
+        out.setdefault((r.data, r.model, r.d_model, r.train_max_words, Setting.of(r)), []).append(r)
+    return out
+
+
+def check_seeds(runs: list[Run]) -> tuple[list[Run], list[tuple[Path, str]], list[str]]:
+    """Runs that a table would average as seeds, held to every setting but the seed (runs.settings): a run
+    with the seed and settings of an earlier one is a duplicate and left out (named with it); runs whose
+    other settings differ are kept, with a warning naming those settings and their values."""
+    kept, duplicates, warnings = [], [], []
+    for members in seed_groups(runs).values():
+        first: dict[tuple, Run] = {}
+        for r in members:
+            if (twin := first.get((r.seed, r.settings))) is not None:
+                duplicates.append((r.path, f"a duplicate of {twin.path}: seed {r.seed}, the same settings"))
+            else:
+                first[(r.seed, r.settings)] = r
+                kept.append(r)
+        distinct = list(dict.fromkeys(r.settings for r in first.values()))
+        if len(distinct) > 1:
+            values = [dict(s) for s in distinct]
+            differ = sorted(k for k in set().union(*values) if len({v.get(k) for v in values}) > 1)
+            listed = "; ".join(f"{k}: " + ", ".join(sorted({str(v.get(k, '–')) for v in values})) for k in differ)
+            names = ", ".join(f"`{r.path}`" for r in first.values())
+            warnings.append(f"{names} are averaged as seeds of one configuration but differ in {listed}")
+    order = {r.path: i for i, r in enumerate(runs)}
+    return sorted(kept, key=lambda r: order[r.path]), duplicates, warnings
+
+
+def load(sources: list[str]) -> tuple[list[Run], list[tuple[Path, str]], list[str]]:
+    """The completed runs under `sources` (duplicates left out), the directories skipped and why, and the
+    warnings of `check_seeds`; ReportError if there is no run."""
     if not (dirs := find_run_dirs(sources)):
         raise ReportError(f"no run directories (with metrics.json and config.yaml) found in {', '.join(sources)}")
     runs, skipped = read_runs(dirs)
     if not runs:
         listed = "; ".join(f"{p} ({why})" for p, why in skipped)
         raise ReportError(f"none of the {len(dirs)} run directories is a completed run: {listed}")
-    return runs, skipped
+    runs, duplicates, warnings = check_seeds(runs)
+    return runs, skipped + duplicates, warnings
 
 
 def build_report(sources: list[str], title: str, command: str | None, refs: dict[str | None, Path] | None = None,
                  n_samples: int = 1000) -> Report:
     refs = refs or {}
-    runs, skipped = load(sources)
+    runs, skipped, warnings = load(sources)
     return Report(title, command, list(sources), runs, skipped, [analyse(g, refs, n_samples) for g in group_runs(runs)],
-                  refs, n_samples)
+                  refs, n_samples, warnings=warnings)

@@ -4,7 +4,9 @@
     relmt-report RUN_DIRS... --out DIR --name length [--train-max-words N | DATA=N ...] [--refs ...]
 
 RUN_DIRS are run directories or folders holding them (a Hydra sweep, searched recursively); runs not
-"completed" are skipped and listed. Runs are grouped by data set and model preset; seeds are shown as
+"completed" are skipped and listed, and so are duplicates (the seed and settings of another run); runs
+averaged as seeds whose other settings differ get a warning naming them. Runs are grouped by data set
+and model preset; seeds are shown as
 mean ± sample std (n). --kind tables (the default) writes NAME.md (Tables 1-3, the paired tests seed by
 seed with --refs, BLEU by source length, learning curves, each claim's verdict), NAME_k.png (for a k
 sweep), NAME_length.png, NAME_curves.png and NAME.json. --kind length (the default for --name length)
@@ -32,8 +34,8 @@ from relmt.report.verdicts import RULES
 
 def jsonable(obj: Any) -> Any:
     """Stats, claims, comparisons and paths as plain JSON values; tuple keys never occur."""
-    if is_dataclass(obj):
-        return jsonable(asdict(obj))
+    if is_dataclass(obj):  # a run's settings are its config.yaml, which lies beside it
+        return jsonable({k: v for k, v in asdict(obj).items() if k != "settings"})
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -52,6 +54,7 @@ def report_json(report: Report) -> dict:
     doc = {"title": report.title, "command": report.command, "sources": report.sources, "seeds": seeds_of(report.runs),
            "runs": report.runs, "refs": {data or "*": folder for data, folder in report.refs.items()},
            "bootstrap_samples": report.n_samples, "skipped": [{"dir": p, "reason": why} for p, why in report.skipped],
+           "warnings": report.warnings,
            "verdict_rules": RULES, "groups": groups}
     if "length" in report.extra:
         doc["length"] = [{"group": i.group.name, "train_max_words": i.max_words, "source": i.source,

@@ -82,7 +82,7 @@ def build_length_report(sources: list[str], title: str, command: str | None, cut
                         refs: dict[str | None, Path] | None = None, n_samples: int = 1000) -> Report:
     """The length-generalisation report of the runs under `sources`."""
     refs = refs or {}
-    runs, skipped = load(sources)
+    runs, skipped, warnings = load(sources)
     items = []
     for group in group_runs(runs):
         analyse_tables(group)
@@ -94,7 +94,7 @@ def build_length_report(sources: list[str], title: str, command: str | None, cut
         item.claim = unseen_claim(item)
         items.append(item)
     return Report(title, command, list(sources), runs, skipped, [i.group for i in items], refs, n_samples,
-                  extra={"length": items})
+                  extra={"length": items}, warnings=warnings)
 
 
 def md_item(item: LengthGroup, report: Report) -> str:

@@ -36,10 +36,16 @@ def no_refs(report: Report, group: Group) -> str:
 def md_intro(report: Report) -> str:
     sources, seeds = ", ".join(f"`{s}`" for s in report.sources), ", ".join(map(str, seeds_of(report.runs))) or DASH
     text = f"Read {plural(len(report.runs), 'completed run')} from {sources}; seeds found: {seeds}."
-    if report.skipped:
-        listed = "; ".join(f"`{p}` ({why})" for p, why in report.skipped)
-        verb = "is" if len(report.skipped) == 1 else "are"
-        text += f' Skipped {plural(len(report.skipped), "run")} that {verb} not "completed": {listed}.'
+    duplicates = [(p, why) for p, why in report.skipped if why.startswith("a duplicate")]
+    if skipped := [(p, why) for p, why in report.skipped if (p, why) not in duplicates]:
+        listed = "; ".join(f"`{p}` ({why})" for p, why in skipped)
+        verb = "is" if len(skipped) == 1 else "are"
+        text += f' Skipped {plural(len(skipped), "run")} that {verb} not "completed": {listed}.'
+    if duplicates:
+        listed = "; ".join(f"`{p}` ({why})" for p, why in duplicates)
+        text += f" Left out {plural(len(duplicates), 'duplicate run')}: {listed}."
+    if report.warnings:
+        text += "\n\n" + "\n".join(f"**Warning:** {w}." for w in report.warnings)
     if report.command:
         text += f"\n\nThe runs were produced by: `{report.command}`"
     hw = host()

@@ -54,6 +54,7 @@ class Run:
     updates: int | None = None  # train.max_steps
     frozen: tuple[str, ...] = ()  # train.freeze
     signatures: dict[str, tuple[str, ...]] = field(default_factory=dict)  # figure -> its sacreBLEU signatures
+    settings: tuple[tuple[str, str], ...] = ()  # every setting that can change a result but the seed (`settings`)
 
     @property
     def minutes(self) -> float | None:
@@ -118,6 +119,37 @@ def read_curve(path: Path) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
+# Settings that never change a run's figures (where it ran, how it logged) or that the report compares
+# on their own (the seed); every other key of config.yaml must agree for runs to count as seeds of one
+# configuration. data.length_buckets only changes how BLEU by length is cut.
+NOT_COMPARED = ("seed", "out_dir", "train.resume", "train.progress", "train.num_threads", "train.device",
+                "train.log_every", "train.dist_timeout_minutes", "data.dir", "data.cache_dir", "data.num_proc",
+                "data.length_buckets", "model.name")
+
+
+def settings(cfg: dict) -> tuple[tuple[str, str], ...]:
+    """config.yaml as (key, value) pairs, with today's defaults for keys added since it was written (so a
+    run from before data.lowercase agrees with one that has it false), minus NOT_COMPARED."""
+    from omegaconf import OmegaConf
+
+    from relmt.config import Config, upgrade_config, upgrade_decode_config
+
+    try:  # the schema's defaults under the saved values (no value checks: "???" stays)
+        full = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Config),
+                                                      upgrade_config(upgrade_decode_config(cfg))), enum_to_str=True)
+    except Exception:  # noqa: BLE001 - a config this relmt cannot read is compared as it is
+        full = cfg
+
+    def flat(d: dict, prefix: str = "") -> dict[str, str]:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "splits" else
+                       {f"{prefix}{k}": json.dumps(v, sort_keys=True)})
+        return out
+
+    return tuple(sorted((k, v) for k, v in flat(full).items() if k not in NOT_COMPARED))
+
+
 def figures(result: dict) -> dict[str, float]:
     return {m: float(v) for m in METRICS if isinstance(v := result.get(m), (int, float)) and not math.isnan(v)}
 
@@ -146,7 +178,8 @@ def load_run(path: Path) -> Run:
                test_seconds=metrics.get("test_seconds"), device=train.get("device"),
                threads=train.get("num_threads"), updates=train.get("max_steps"),
                frozen=tuple(str(p) for p in train.get("freeze") or ()),
-               signatures={m: tuple(sorted({str(r[k]) for r in results if r.get(k)})) for m, k in SIGNATURES.items()})
+               signatures={m: tuple(sorted({str(r[k]) for r in results if r.get(k)})) for m, k in SIGNATURES.items()},
+               settings=settings(cfg))
 
 
 def read_runs(dirs: list[Path]) -> tuple[list[Run], list[tuple[Path, str]]]:
