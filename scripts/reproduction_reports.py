@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Regenerate the reproduction reports of issue 12 from the committed runs, in one command:
 docs/results/multi30k.md (Tables 1-3), docs/results/length.md, docs/results/toy.md and
-docs/results/multi30k_wu.md (Wu et al.'s bar), and docs/results/claims.md, every claim in one table.
+docs/results/multi30k_wu.md (Wu et al.'s bar), docs/results/positions.md and positions_length.md
+(issue 31: rope, alibi and t5 beside the committed abs, rel and both runs), and docs/results/claims.md,
+every claim in one table.
 
 Each report reads the kept runs of its queue (the `keep:` folder of scripts/queues/*.txt) with
 relmt-report, and its title says how many of the queue's runs are in, so a report made mid-way says
@@ -83,7 +85,7 @@ def reference_args(refs: list[str]) -> list[str]:
 def claim_rows(name: str, doc: dict) -> list[list[str]]:
     """[claim, data, test set, verdict, measured] for every claim of a report's JSON."""
     items = [(g["data"], c) for g in doc.get("groups", []) for c in g.get("claims", [])]
-    if name == "length":  # the length report's one claim per group lives under "length"
+    if "length" in doc:  # a length report's one claim per group lives under "length"
         items = [(i["group"], i["claim"]) for i in doc.get("length", []) if i.get("claim")]
     rows = []
     for data, c in items:
@@ -135,7 +137,18 @@ def main(argv: list[str] | None = None) -> int:
                         "Multi30k EN→DE with Wu et al.'s budget (8,000 updates, averaged checkpoints, beam 5)"),
         "multi30k_recipe": ("multi30k_recipe.txt", [str(opts.multi30k)],
                             "The Multi30k CPU recipe alone on 2 cores: wall time (at most 45 minutes asked)"),
+        # issue 31: rope, alibi and t5 beside the committed abs, rel and both runs of the same recipe
+        "positions": ("positions.txt", [str(opts.multi30k)],
+                      "Beyond the paper: RoPE, ALiBi and T5 biases beside Shaw's tables on Multi30k EN→DE"),
+        "positions_length": ("positions_length.txt", [f"multi30k_text={opts.multi30k}",
+                                                      f"europarl20k_split={opts.europarl}"],
+                             "Beyond the paper: length generalisation of RoPE, ALiBi and T5 biases beside abs, rel "
+                             "and both"),
     }
+    # reports that also read runs kept by other queues: the committed abs, rel and both runs they set the
+    # new methods beside
+    beside = {"positions": sorted(str(p) for p in Path("docs/results/multi30k/runs").glob("t1_*")),
+              "positions_length": ["docs/results/length/runs"]}
     status, done = 0, {}
     for name, (queue_file, refs, title) in reports.items():
         queue = read_queue(opts.queues / queue_file)
@@ -145,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if name == "toy" and not opts.toy_text.is_dir():
             subprocess.run([sys.executable, str(ROOT / "scripts" / "toy_corpus.py"), str(opts.toy_text)], check=True)
-        args = [str(queue.keep), "--out", str(opts.out), "--name", name, "--bootstrap-samples", opts.bootstrap_samples,
-                *reference_args(refs), "--title", title + progress(queue),
-                "--command", (europarl_split if name == "length" else "") + command(queue)]
+        args = [str(queue.keep), *beside.get(name, []), "--out", str(opts.out), "--name", name,
+                "--bootstrap-samples", opts.bootstrap_samples, *reference_args(refs),
+                "--title", title + progress(queue),
+                "--command", (europarl_split if "length" in name else "") + command(queue),
+                *(["--kind", "length"] if name == "positions_length" else [])]
         with contextlib.redirect_stdout(io.StringIO()):  # relmt-report prints the whole markdown
             code = relmt_report(args)
         print(f"{name}: {len(queue.done())} of {len(queue.names)} runs -> {opts.out / (name + '.md')} (exit {code})")

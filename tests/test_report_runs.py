@@ -205,3 +205,31 @@ def test_runs_average_as_seeds_only_when_every_other_setting_agrees(tmp_path):
            "seed 1, the same settings)." in page
     doc = json.loads((out / "r.json").read_text())
     assert len(doc["warnings"]) == 1 and len(doc["runs"]) == 2 and "settings" not in doc["runs"][0]
+
+
+def test_rope_alibi_and_t5_are_tested_against_abs_and_rel(tmp_path):
+    """Beyond the paper (issue 31): a method's runs get a Table 1 row, seed-pair tests against abs and against
+    rel, and a directional claim each way. By design (report_runs.hypotheses) rope equals the references on
+    test, as rel does: ahead of abs there (held), level with rel (not significant)."""
+    from tests.report_runs import SPLITS, hypotheses, scores, write_refs
+
+    refs = write_refs(tmp_path / "refs")
+    for positions in ("abs", "rel", "rope"):
+        for seed in (1, 2, 3):
+            hyps = {s: hypotheses(s, positions, seed, refs[s]) for s in SPLITS}
+            write_run(tmp_path / "runs" / f"{positions}_s{seed}", config(seed, positions),
+                      {s: scores(hyps[s], refs[s]) for s in SPLITS}, {"bleu": 30.0}, translations=hyps)
+    out = tmp_path / "out"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path / "runs"), "--out", str(out), "--name", "p", "--refs", str(tmp_path / "refs"),
+                     "--bootstrap-samples", "200"]) == 0
+    doc = json.loads((out / "p.json").read_text())
+    group = doc["groups"][0]
+    assert [r["positions"] for r in group["tables"]["positions"]["rows"]] == ["abs", "rel", "rope"]
+    tested = {(c["baseline"], c["system"]) for c in group["significance"]}
+    assert {("abs", "rope"), ("rel", "rope")} <= tested
+    verdicts = {(c["name"], c["split"]): c["verdict"] for c in group["claims"]}
+    assert verdicts[("rope ≥ abs", "test")] == "held"
+    assert verdicts[("rope ≥ rel", "test")] == "not significant"
+    assert verdicts[("rope ≥ rel", "test_2017_mscoco")] == "held"  # rel corrupts mscoco by design
+    assert not any("alibi" in name for name, _ in verdicts)  # no runs, no claims

@@ -293,7 +293,8 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
     refs = write_refs(tmp_path / "refs")
     queues = tmp_path / "queues"
     queues.mkdir()
-    for name in ("multi30k_tables", "length", "toy_converged", "multi30k_wu", "multi30k_recipe"):
+    for name in ("multi30k_tables", "length", "toy_converged", "multi30k_wu", "multi30k_recipe", "positions",
+                 "positions_length"):
         runs = "".join(f"{p}_s1 model.positions={p} seed=1\n" for p in ("abs", "rel", "both"))
         kept = tmp_path / "kept" / name
         (queues / f"{name}.txt").write_text(f"out: {tmp_path / 'runs' / name}\nkeep: {kept}\n{runs}")
@@ -306,6 +307,7 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
                      "--bootstrap-samples", "50").stdout
     assert "multi30k: 2 of 3 runs" in out and "length: no finished run" in out and "toy: no finished run" in out
     assert "multi30k_wu: no finished run" in out and "multi30k_recipe: no finished run" in out
+    assert "positions: no finished run" in out and "positions_length: no finished run" in out
     md = (tmp_path / "out" / "multi30k.md").read_text()
     assert md.startswith("# Shaw et al. on Multi30k EN→DE, 2 CPU cores (in progress: 2 of 3 runs)\n")
     assert "### Significance: paired bootstrap, seed by seed" in md and "50 resamples" in md

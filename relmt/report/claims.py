@@ -111,12 +111,27 @@ def table3(group: Group, split: str) -> list[Claim | None]:
                   {"gap": full - values} if None not in (values, full) else {})]
 
 
+def beyond(group: Group, split: str) -> list[Claim | None]:
+    """Beyond the paper (issue 31): each of rope, alibi and t5 against abs and against Shaw's rel, both ways."""
+    pos = group.tables["positions"]
+    out = []
+    for method in paper.BEYOND:
+        for baseline in ("abs", "rel"):
+            means = {p: mean_of(pos, split, positions=p) for p in (method, baseline)}
+            out.append(check(group, split, f"{method} ≥ {baseline}", "beyond the paper", means,
+                             f"{method} − {baseline} on {split} above 0 (held), below 0 (did not hold), each by its "
+                             "95% interval", [(baseline, method, AHEAD)], None))
+    return out
+
+
 def check_claims(group: Group) -> list[Claim]:
     """Every claim the group's tables allow, each on every test set in turn, then the long-sentence claim."""
     claims = []
     for table in (table1, table2, table3):  # each claim on every test set, then the next claim
         per_split = [table(group, split) for split in group.claim_splits]
         claims += [row[i] for i in range(2) for row in per_split]
+    per_split = [beyond(group, split) for split in group.claim_splits]
+    claims += [row[i] for i in range(2 * len(paper.BEYOND)) for row in per_split]
     if LENGTH_SPLIT in group.splits:
         claims.append(ahead(group, LENGTH_SPLIT, "rel beats abs on longer sentences than seen in training",
                             "Table 1, test_long", None))

@@ -7,6 +7,7 @@ PAIRS = {"wmt14_en_de": "EN-DE", "wmt_t2t_en_de": "EN-DE", "wmt14_en_fr": "EN-FR
 POSITIONS = ("abs", "rel", "both", "none", "rope", "alibi", "t5")
 # the modes without Shaw's tables, where k, a^K and a^V change nothing (rope, alibi, t5: issue 31)
 TABLELESS = ("abs", "none", "rope", "alibi", "t5")
+BEYOND = ("rope", "alibi", "t5")  # methods after the paper, each tested against abs and against rel
 # Table 1: newstest2014 BLEU; no row for abs + rel ("both").
 TABLE1 = {("base", "EN-DE"): {"abs": 26.5, "rel": 26.8}, ("big", "EN-DE"): {"abs": 27.9, "rel": 29.2},
           ("base", "EN-FR"): {"abs": 38.2, "rel": 38.7}, ("big", "EN-FR"): {"abs": 41.2, "rel": 41.5}}

@@ -10,6 +10,7 @@ from pathlib import Path
 from relmt.data.sources import read_lines
 from relmt.errors import UserError
 from relmt.evaluate.metrics import paired_bootstrap
+from relmt.report.paper import BEYOND
 from relmt.report.runs import Run
 from relmt.report.tables import Group, positions_runs
 
@@ -124,6 +125,9 @@ def arms(group: Group) -> list[tuple[str, list[Run], str, list[Run]]]:
     kv = [r for r in rel if r.k == kd]
     keys, values = ([r for r in kv if (r.keys, r.values) == flags] for flags in ((True, False), (False, True)))
     out += [("a^K and a^V", at["rel"], "a^K only", keys), ("a^V only", values, "a^K and a^V", at["rel"])]
+    for method in BEYOND:  # rope, alibi, t5 (issue 31): each against abs and against Shaw's rel
+        runs = [r for r in pos if r.positions == method]
+        out += [("abs", at["abs"], method, runs), ("rel", at["rel"], method, runs)]
     return [arm for arm in out if arm[1] and arm[3]]
 
 
@@ -143,7 +147,8 @@ def compare_unseen(runs: list[Run], refs: Path, max_words: int, n_samples: int) 
         return [h for hyps, _ in pooled for h in hyps], [r for _, refs_ in pooled for r in refs_]
 
     out = []
-    for baseline, system in (("abs", "rel"), ("rel", "both")):
+    pairs = [("abs", "rel"), ("rel", "both"), *((b, m) for m in BEYOND for b in ("abs", "rel"))]
+    for baseline, system in pairs:
         base, other = (by_seed([r for r in runs if r.positions == p]) for p in (baseline, system))
         if not base or not other or not splits:
             continue
