@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Beam-search decoding speed: sentences/s and target tokens/s, absolute vs relative positions.
+"""Beam-search decoding speed: sentences/s and target tokens/s per position mode (--positions: abs and
+rel by default; rope, alibi, t5, both, none too).
 
 Decodes N source sentences (the toy corpus's test split by default, or a text folder's split)
 with beam 4 through `Translator` (batching, search, detokenization: what relmt-translate does).
@@ -48,8 +49,8 @@ def load_translators(args: argparse.Namespace, device: torch.device) -> tuple[di
     corpus = prepare(data)
     sentences = corpus.texts(args.split, "src")[: args.n]
     translators = {}
-    for kind in ("abs", "rel"):
-        ckpt = getattr(args, f"checkpoint_{kind}")
+    for kind in args.positions:
+        ckpt = getattr(args, f"checkpoint_{kind}", None)
         if ckpt:
             translators[kind] = Translator.from_checkpoint(ckpt, device=str(device))
             continue
@@ -193,6 +194,8 @@ def main() -> None:
     ap.add_argument("--spm-model-type", default="bpe")
     ap.add_argument("--cache-dir", default="data/cache")
     ap.add_argument("--n", type=int, default=500, help="source sentences")
+    ap.add_argument("--positions", nargs="+", default=["abs", "rel"], choices=[p.value for p in PosKind],
+                    help="untrained models of these position modes (abs and rel may come from checkpoints)")
     ap.add_argument("--checkpoint-abs")
     ap.add_argument("--checkpoint-rel")
     ap.add_argument("--d-model", type=int, default=256)
@@ -208,6 +211,7 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--max-source-tokens", type=int, default=8000,
                     help="source tokens per batch (decode.max_source_tokens)")
+    ap.add_argument("--max-sentences", type=int, default=0, help="sentences per batch (decode.max_sentences; 0: any)")
     ap.add_argument("--forced-length", type=int, default=20)
     ap.add_argument("--regimes", nargs="+", default=["forced"], choices=["forced", "free"])
     ap.add_argument("--repeats", type=int, default=3)
@@ -231,7 +235,8 @@ def main() -> None:
 
     rows, per_step = [], {}
     for regime in args.regimes:
-        decode = {"beam": args.beam, "max_source_tokens": args.max_source_tokens, "nbest": 1}
+        decode = {"beam": args.beam, "max_source_tokens": args.max_source_tokens, "nbest": 1,
+                  "max_sentences": args.max_sentences}
         if regime == "forced":
             decode.update(max_len_a=0.0, max_len_b=args.forced_length, min_len=args.forced_length)
         for kind, translator in translators.items():
