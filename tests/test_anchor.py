@@ -2,6 +2,7 @@
 docs/results/multi30k_anchor.md states them, and scripts/wu2021_batches.py batches as fairseq does."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -11,6 +12,9 @@ ROOT = Path(__file__).parents[1]
 _spec = importlib.util.spec_from_file_location("wu2021_batches", ROOT / "scripts" / "wu2021_batches.py")
 wb = sys.modules["wu2021_batches"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(wb)
+_spec = importlib.util.spec_from_file_location("anchor_report", ROOT / "scripts" / "anchor_report.py")
+ar = sys.modules["anchor_report"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ar)
 
 
 def test_the_experiment_is_wu_et_al_transformer_tiny():
@@ -36,3 +40,29 @@ def test_fairseq_batches_cap_size_times_the_longest_and_cut_to_multiples_of_8():
         assert len(b) * max(max(src[i], tgt[i]) for i in b) <= 40
     # 10 short ones fit (10 x 4); the cut keeps 8 and carries 2 into the next batch
     assert [len(b) for b in batches] == [8, 8, 4, 4, 1]
+
+
+def test_the_anchor_page_scores_runs_in_wus_metric_and_checks_the_metric(tmp_path):
+    """scripts/anchor_report.py: a kept run's lowercased tokenized BLEU (Wu et al.'s metric) and sacreBLEU -lc
+    per test set, the goal on test2016; and relmt's preparation of raw references against their tokens."""
+    refs, wu, run = tmp_path / "refs", tmp_path / "wu", tmp_path / "runs" / "wu2021_abs_s1"
+    for d in (refs, wu, run / "translations"):
+        d.mkdir(parents=True)
+    lines = ["Ein Mann mit einem Hut, der etwas anstarrt.", "Zwei \"Hunde\" laufen."]
+    for split, theirs in (("test", "test.2016"), ("test_2017_flickr", "test.2017"), ("test_2017_mscoco", "test.coco")):
+        (refs / f"{split}.de").write_text("".join(f"{x}\n" for x in lines))
+        (run / "translations" / f"{split}.de").write_text("ein mann mit einem hut, der etwas anstarrt.\nzwei hunde.\n")
+        (wu / f"{theirs}.de").write_text("ein mann mit einem hut , der etwas an@@ st@@ arrt .\n"
+                                          "zwei &quot; hunde &quot; laufen .\n")
+    (run / "config.yaml").write_text("model:\n  positions: abs\n")
+    (run / "metrics.json").write_text(json.dumps({"status": "completed", "steps": 8000, "wall_seconds": 7200,
+                                                  "test": {"test": {"lowercased_bleu": 41.5}}}))
+    page = tmp_path / "anchor.md"
+    page.write_text("# Anchor\n\n<!-- results -->old<!-- /results -->\n")
+    ar.main(["--runs", str(tmp_path / "runs"), "--multi30k", str(refs), "--wu", str(wu), "--page", str(page)])
+    text = page.read_text()
+    assert "old" not in text and text.startswith("# Anchor\n\n<!-- results -->\n## Results")
+    assert "| wu2021_abs_s1 | abs | 8000 | 2.00 | 41.50 | – | – |" in text and "| ≥ 41.00 | yes |" in text
+    doc = json.loads(page.with_suffix(".json").read_text())
+    assert doc["runs"][0]["test_sacrebleu_lc"] < 100 and doc["published"] == 41.02
+    assert [round(c["bleu_raw_vs_theirs"], 2) for c in doc["metric_check"]] == [100.0] * 3
