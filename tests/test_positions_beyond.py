@@ -169,3 +169,15 @@ def test_no_sinusoids_no_tables_and_no_length_limit(positions):
     swapped[:, [3, 9]] = swapped[:, [9, 3]]
     with torch.no_grad():
         assert not torch.allclose(model.encode(src)[0][:, 0], model.encode(swapped)[0][:, 0])
+
+
+def test_rope_in_real_arithmetic_under_compile_equals_the_complex_rotation(monkeypatch):
+    """torch.compile and ONNX export take the real-arithmetic rotation (ONNX has no complex numbers)."""
+    from relmt.model.positions import rotate
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 8).transpose(1, 2)  # (B, H, n, D), a non-contiguous view like attention's heads
+    rotary = Rotary(8).terms(5, 5, 7, x.device, x.dtype).rotary
+    eager = rotate(x, rotary)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    torch.testing.assert_close(rotate(x, rotary), eager, rtol=1e-6, atol=1e-6)

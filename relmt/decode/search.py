@@ -41,6 +41,8 @@ def output_weight(model: Transformer | Ensemble, device: torch.device) -> Tensor
     weights are fixed, and `Transformer.decode_step` cuts the padded rows' scores off again."""
     if isinstance(model, Ensemble):
         return tuple(output_weight(m, device) for m in model.models)
+    if not isinstance(model, Transformer):  # another engine (relmt.export.onnx) holds its own weights
+        return None
     w = model.tgt_embed.weight
     extra = -w.shape[0] % 16
     if device.type != "cpu" or not extra:

@@ -121,29 +121,36 @@ class PositionTerms:
     """What self-attention takes from a stack's position method, for n query positions
     q_offset..q_offset+n-1 against m keys 0..m-1 (the n new keys sit at the query positions).
 
-    rotary: (n, d_head / 2) complex, e^(i pos theta) per pair of dimensions: rotate q and the new keys.
+    rotary: (cos, sin) of pos * theta_i, (n, d_head / 2) each: rotate q and the new keys (`rotate`).
     bias: (H, n, m), added to the scaled logits q·k / sqrt(d_z)."""
 
-    rotary: Tensor | None = None
+    rotary: tuple[Tensor, Tensor] | None = None
     bias: Tensor | None = None
 
 
 NO_TERMS = PositionTerms()
 
 
-def rotate(x: Tensor, rotary: Tensor | None) -> Tensor:
+def rotate(x: Tensor, rotary: tuple[Tensor, Tensor] | None) -> Tensor:
     """Su et al. 2021 eq. (34): each pair of neighbouring dimensions (2i, 2i + 1) turned by the angle
-    pos * theta_i, written as one complex multiplication per pair (as Llama's reference code does: half
-    the memory passes of rotating two real halves). x: (B, H, n, D); rotary: (n, D/2) complex, e^(i pos
-    theta). bf16 and fp16 have no complex type here, so they rotate in float32."""
+    pos * theta_i. x: (B, H, n, D); rotary: (cos, sin) of those angles, (n, D/2) each. Eagerly, one complex
+    multiplication per pair (as Llama's reference code does: half the memory passes of real arithmetic);
+    bf16 and fp16, which have no complex type here, rotate in float32. Under torch.compile and export
+    (ONNX has no complex numbers) the same rotation in real arithmetic."""
     if rotary is None:
         return x
+    cos, sin = rotary
+    if torch.compiler.is_compiling():
+        pairs = x.unflatten(-1, (-1, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
     pairs = work.unflatten(-1, (-1, 2))
     if pairs.storage_offset() % 2 or any(stride % 2 for stride in pairs.stride()[:-1]):
         pairs = pairs.contiguous()  # view_as_complex needs whole complex numbers in memory
-    turned = torch.view_as_real(torch.view_as_complex(pairs) * rotary.to(torch.view_as_complex(pairs).dtype))
-    return turned.flatten(-2).to(x.dtype)
+    turn = torch.complex(cos.to(work.dtype), sin.to(work.dtype))
+    return torch.view_as_real(torch.view_as_complex(pairs) * turn).flatten(-2).to(x.dtype)
 
 
 class Rotary(nn.Module):
@@ -156,12 +163,12 @@ class Rotary(nn.Module):
         self.d_head, self.base = d_head, base
 
     def terms(self, n: int, m: int, q_offset: int, device: torch.device, dtype: torch.dtype) -> PositionTerms:
-        # float64 angles: pos * theta in float32 is off by ~1e-4 rad at position 1000; the rotations
-        # are then rounded once, to complex64 (complex128 for float64 models)
+        # float64 angles: pos * theta in float32 is off by ~1e-4 rad at position 1000; cos and sin are then
+        # rounded once, to float32 (float64 for float64 models)
         inv_freq = self.base ** (-torch.arange(0, self.d_head, 2, device=device, dtype=torch.float64) / self.d_head)
         angles = torch.arange(q_offset, q_offset + n, device=device, dtype=torch.float64)[:, None] * inv_freq
-        turn = torch.polar(torch.ones_like(angles), angles)  # (n, D/2) complex128
-        return PositionTerms(rotary=turn if dtype == torch.float64 else turn.to(torch.complex64))
+        keep = torch.float64 if dtype == torch.float64 else torch.float32
+        return PositionTerms(rotary=(angles.cos().to(keep), angles.sin().to(keep)))
 
 
 def distances(n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
