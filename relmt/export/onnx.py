@@ -157,8 +157,9 @@ class OnnxModel:
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.encoder = ort.InferenceSession(str(directory / "encoder.onnx"), options, providers=["CPUExecutionProvider"])
-        self.step = ort.InferenceSession(str(directory / "step.onnx"), options, providers=["CPUExecutionProvider"])
+        cpu = ["CPUExecutionProvider"]
+        self.encoder = ort.InferenceSession(str(directory / "encoder.onnx"), options, providers=cpu)
+        self.step = ort.InferenceSession(str(directory / "step.onnx"), options, providers=cpu)
         self._step_inputs = [i.name for i in self.step.get_inputs()]
 
     def eval(self) -> OnnxModel:
