@@ -48,3 +48,54 @@ def test_the_onnx_engine_decodes_as_eager_relmt(case, tokenizer, tmp_path):
         for a, b in zip(mine, theirs):
             assert [h.tokens for h in a] == [h.tokens for h in b], (case, options)
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+# --- one CLI and one API over every engine (issue 33 §2) -------------------------------------------------
+
+def test_engines_from_the_cli_and_the_api(tmp_path, capsys, caplog):
+    """engine=onnx decodes what engine=torch does, from an export made once beside the checkpoint and reused;
+    engine=ctranslate2 converts a shared-table model once and translates, and refuses per-head tables with the
+    reason; reference scoring stays relmt's; relmt-export format=onnx writes what OnnxModel reads."""
+    import logging
+
+    from relmt.cli import _translate, guarded
+    from relmt.export.engines import Engine, engine_of
+    from tests.tiny_checkpoints import DECODE, write_checkpoint
+
+    spm = toy_tokenizer(tmp_path)
+    ck = write_checkpoint(tmp_path / "run", "model.pt", spm, seed=5, model=model_config(relative_share_heads=True))
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"{s}\n" for s in SENTENCES))
+    outputs = {}
+    for engine in ("torch", "onnx", "onnx", "ctranslate2"):
+        out = tmp_path / f"{engine}.txt"
+        with caplog.at_level(logging.WARNING):
+            caplog.clear()
+            assert guarded("relmt-translate", _translate, [f"checkpoint={ck}", f"input={src}", f"output={out}",
+                                                           f"engine={engine}", "beam=1"]) == 0, capsys.readouterr().err
+        outputs.setdefault(engine, []).append((out.read_text(), caplog.text))
+    assert outputs["onnx"][0][0] == outputs["torch"][0][0]
+    # CTranslate2's own search matches relmt's where the model gives <pad> and <s> no mass (tests/test_export.py);
+    # this random one gives them some, so here it must only translate every line
+    assert outputs["ctranslate2"][0][0].count("\n") == len(SENTENCES)
+    assert "engine=onnx: exporting" in outputs["onnx"][0][1] and "exporting" not in outputs["onnx"][1][1]
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "run" / "model.pt.engines").iterdir()) == [
+        "ctranslate2", "onnx"]
+    api = Translator.from_checkpoint(ck, engine="onnx")
+    assert api.translate(SENTENCES, beam=4) == Translator.from_checkpoint(ck).translate(SENTENCES, beam=4)
+    assert [s.logprob for s in api.score(SENTENCES[:2], SENTENCES[:2])] == pytest.approx(
+        [s.logprob for s in Translator.from_checkpoint(ck).score(SENTENCES[:2], SENTENCES[:2])])
+    per_head = write_checkpoint(tmp_path / "head", "model.pt", spm, seed=5, model=model_config(), decode=DECODE)
+    assert guarded("relmt-translate", _translate, [f"checkpoint={per_head}", f"input={src}",
+                                                   "engine=ctranslate2"]) == 2
+    assert "one a^K/a^V table per attention head" in capsys.readouterr().err
+    assert not (tmp_path / "head" / "model.pt.engines").exists()
+    assert guarded("relmt-translate", _translate, [f"checkpoint={ck}", f"input={src}", "engine=tensorrt"]) == 2
+    assert "engine=tensorrt: must be one of torch, onnx, ctranslate2" in capsys.readouterr().err
+    assert engine_of("onnx") == Engine.onnx
+    from relmt.cli import _export
+
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={tmp_path / 'exported'}", "format=onnx"]) == 0
+    exported = Translator(OnnxModel(tmp_path / "exported"), api.tokenizer, api.decode, torch.device("cpu"))
+    assert exported.translate(SENTENCES, beam=4) == api.translate(SENTENCES, beam=4)
+    assert (tmp_path / "exported" / "sentencepiece.model").is_file()

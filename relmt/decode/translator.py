@@ -46,6 +46,7 @@ from relmt.decode.ensemble import Ensemble
 from relmt.decode.reference import ReferenceScore, score_references
 from relmt.decode.search import decode_sources
 from relmt.errors import UserError
+from relmt.export.engines import Ct2Model, Engine, engine_of, onnx_model
 from relmt.model.transformer import Transformer, build_model
 from relmt.runtime import autocast_dtype, resolve_device
 
@@ -77,23 +78,31 @@ class Translator:
     """A trained model (or an ensemble of them), its vocabulary and decoding settings."""
 
     def __init__(self, model: Transformer | Ensemble, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
-                 autocast_dtype: torch.dtype | None = None) -> None:
+                 autocast_dtype: torch.dtype | None = None, scorer: Transformer | Ensemble | None = None,
+                 ct2=None) -> None:
+        """`model` runs the searches: relmt's modules, or another engine's stand-in for them
+        (relmt.export.onnx.OnnxModel); `scorer`, relmt's modules, scores references (default: model);
+        `ct2` (relmt.export.engines.Ct2Model), when given, decodes instead of relmt's searches."""
         self.model, self.tokenizer, self.decode, self.device = model.eval(), tokenizer, decode, device
         self.autocast_dtype = autocast_dtype
+        self.scorer, self.ct2 = scorer if scorer is not None else self.model, ct2
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: Precision | str | None = None,
-                        compile: bool = False) -> Translator:
+                        compile: bool = False, engine: str = "torch") -> Translator:
         """Model, vocabulary and decode config from a checkpoint. `precision` (auto | fp32 | bf16 |
         fp16) overrides the checkpoint's train.precision: a model trained in fp32 is decoded in fp32,
         not forced into bf16 on a GPU. `compile` compiles the decoder step (relmt/decode/compiled.py):
         faster on large inputs, after tens of seconds of compiling. Process-wide CPU settings are
-        left alone: call relmt.runtime.tune_cpu() first to opt in to relmt-translate's."""
-        return cls.from_checkpoints([path], device, precision, compile)
+        left alone: call relmt.runtime.tune_cpu() first to opt in to relmt-translate's. `engine` (torch,
+        onnx or ctranslate2; relmt/export/engines.py) runs the network: onnx and ctranslate2 on the CPU in
+        float32, from an artefact made on first use next to the checkpoint."""
+        return cls.from_checkpoints([path], device, precision, compile, engine)
 
     @classmethod
     def from_checkpoints(cls, paths: Sequence[str | Path], device: str = "auto",
-                         precision: Precision | str | None = None, compile: bool = False) -> Translator:
+                         precision: Precision | str | None = None, compile: bool = False,
+                         engine: str = "torch") -> Translator:
         """An ensemble of the checkpoints' models (one checkpoint: that model alone), which must
         share their sentencepiece model; vocabulary, decode config and precision come from the first
         (`precision` and `compile` as in from_checkpoint)."""
@@ -105,9 +114,18 @@ class Translator:
         except ValueError:
             raise UserError(f"precision={precision}: must be one of {', '.join(p.value for p in Precision)}") from None
         dev = resolve_device(device)
+        kind = engine_of(engine)
+        if kind != Engine.torch:
+            problem = ("decodes one checkpoint (an ensemble runs on engine=torch)" if len(paths) > 1 else
+                       f"runs on the CPU (device={device} resolves to {dev})" if dev.type != "cpu" else
+                       "is compiled already (compile=true is for engine=torch)" if compile else "")
+            if problem:
+                raise UserError(f"engine={kind.value} {problem}")
         models: list[Transformer] = []
         for path in paths:
+            path = checkpoint.resolve(path)
             ck = checkpoint.load(path)
+            checksum = ck.get("checksum") or checkpoint.payload_checksum(ck)
             if not models:
                 cfg = from_dict(ck["config"])
                 tokenizer, first, first_spm = checkpoint_tokenizer(ck["spm"]), path, ck["spm"]["model"]
@@ -127,6 +145,13 @@ class Translator:
         model = model.to(dev).eval()
         if compile:
             compile_decoding(model)
+        if kind == Engine.onnx:
+            return cls(onnx_model(model, path, checksum), tokenizer, cfg.decode, dev, None, scorer=model)
+        if kind == Engine.ctranslate2:
+            from relmt.export.ctranslate2 import check_exportable
+
+            check_exportable(cfg.model)  # per-head tables and alibi are refused before anything is written
+            return cls(model, tokenizer, cfg.decode, dev, None, ct2=Ct2Model(path, checksum))
         return cls(model, tokenizer, cfg.decode, dev, dtype)
 
     def translate(self, sentences: list[str] | str, **decode: object) -> list[str] | str:
@@ -155,6 +180,8 @@ class Translator:
                                if not isinstance(sentences, str) else " (translate() takes a single string)"))
         cfg = replace(self.decode, **decode)
         ids = [x if s.strip() else [] for s, x in zip(sentences, self.tokenizer.encode(sentences))]
+        if self.ct2 is not None:
+            return self.ct2.hypotheses(ids, self.tokenizer, cfg)
         return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
                               first_line=first_line, progress=progress)
 
@@ -166,5 +193,5 @@ class Translator:
             raise UserError(f"{len(sources)} sources but {len(references)} references")
         src = [x if s.strip() else [] for s, x in zip(sources, self.tokenizer.encode(sources))]
         ref = [y if r.strip() else [] for r, y in zip(references, self.tokenizer.encode(references))]
-        return score_references(self.model, src, ref, self.decode.max_source_len, self.decode.max_source_tokens,
+        return score_references(self.scorer, src, ref, self.decode.max_source_len, self.decode.max_source_tokens,
                                 self.device, self.autocast_dtype, name=name, first_line=first_line)

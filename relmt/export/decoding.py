@@ -55,7 +55,11 @@ def translate_options(model_dir: str | Path, longest_source: int) -> dict:
     """translate_batch keyword arguments that decode as the exported checkpoint's decode config
     does (see above), for a call whose longest source has `longest_source` sentencepiece pieces
     (EOS not counted)."""
-    cfg = exported_decode_config(model_dir)
+    return decode_options(exported_decode_config(model_dir), longest_source)
+
+
+def decode_options(cfg: DecodeConfig, longest_source: int) -> dict:
+    """translate_batch keyword arguments for relmt's decode config `cfg` (see above)."""
     cap = cfg.max_source_len
     source = (min(longest_source, cap) if cap else longest_source) + 1  # |x|: the pieces and EOS
     options = {"max_input_length": cap + 1 if cap else 0, "min_decoding_length": cfg.min_len,

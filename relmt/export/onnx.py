@@ -187,3 +187,37 @@ class OnnxModel:
                   "order": order.reshape(b, -1)}
         logits, self_k, self_v = self.step.run(None, {k: values[k] for k in self._step_inputs})
         return torch.from_numpy(logits), OnnxCache(self_k, self_v)
+
+
+def export_checkpoint(checkpoint_path: str | Path, output_dir: str | Path, force: bool = False) -> Path:
+    """relmt-export format=onnx: the checkpoint's two graphs, its sentencepiece.model and relmt_export.json (the
+    decode config), written beside `output_dir` and moved into place, so a failed export leaves nothing."""
+    import shutil
+
+    from relmt import checkpoint
+    from relmt.config import from_dict, to_dict
+    from relmt.data.tokenizer import PAD_ID, Tokenizer
+    from relmt.export.decoding import INFO_FILE
+    from relmt.model.transformer import build_model
+
+    out = Path(output_dir)
+    if out.exists() and not force:
+        raise UserError(f"output={out}: already exists (give force=true to replace it)")
+    ck = checkpoint.load(checkpoint_path)
+    cfg = from_dict(ck["config"])
+    tokenizer = Tokenizer("sentencepiece.model", model=ck["spm"]["model"])
+    model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID)
+    checkpoint.load_model_state(model, ck["model"], Path(checkpoint_path))
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        export_onnx(model, tmp)
+        (tmp / "sentencepiece.model").write_bytes(tokenizer.model_bytes())
+        (tmp / INFO_FILE).write_text(json.dumps({"checkpoint": str(checkpoint_path), "format": "onnx",
+                                                 "decode": to_dict(cfg)["decode"]}, indent=2) + "\n")
+        if out.is_dir():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
