@@ -210,14 +210,17 @@ def test_without_valid_bleu_best_pt_holds_the_lowest_validation_loss(tmp_path):
     assert checkpoint.load(run / "checkpoints/best.pt")["step"] == best_step
 
 
-def test_resumed_run_equals_uninterrupted(tmp_path):
-    """Same loss at every step and the same final weights, with dropout on (RNG restored)."""
-    full = tiny_config(tmp_path, "full", "train.max_steps=8", "train.save_every=4", "train.eval_every=4")
+@pytest.mark.parametrize("positions", ["rel", "t5", "rope"])
+def test_resumed_run_equals_uninterrupted(tmp_path, positions):
+    """Same loss at every step and the same final weights, with dropout on (RNG restored); t5's stack-wide
+    table is saved and restored with the rest."""
+    mode = f"model.positions={positions}"
+    full = tiny_config(tmp_path, "full", "train.max_steps=8", "train.save_every=4", "train.eval_every=4", mode)
     loop_module.train(full)
-    first = tiny_config(tmp_path, "split", "train.max_steps=4", "train.save_every=4", "train.eval_every=4")
+    first = tiny_config(tmp_path, "split", "train.max_steps=4", "train.save_every=4", "train.eval_every=4", mode)
     first_wall = loop_module.train(first)["wall_seconds"]
     second = tiny_config(tmp_path, "split", "train.max_steps=8", "train.save_every=4", "train.eval_every=4",
-                         "train.resume=true")
+                         "train.resume=true", mode)
     second_wall = loop_module.train(second)["wall_seconds"]
     # wall time sums the sessions: the first one's, up to its checkpoint, carries into the second's
     saved = checkpoint.load(tmp_path / "split/checkpoints/step_4.pt")["state"]["wall_seconds"]
