@@ -43,7 +43,8 @@ def inputs(model, batch: int, beam: int, source: int, position: int):
     first = model.decoder_layers[0].self_attn
     layers, heads, d_head = len(model.decoder_layers), first.n_heads, first.d_head
     n = batch * beam
-    return (torch.randint(4, model.tgt_embed.num_embeddings, (batch, beam)), torch.ones(batch, source, dtype=torch.bool),
+    tokens = torch.randint(4, model.tgt_embed.num_embeddings, (batch, beam))
+    return (tokens, torch.ones(batch, source, dtype=torch.bool),
             *(torch.randn(layers, batch, heads, source, d_head) for _ in range(2)),
             *(torch.randn(layers, n, heads, position, d_head) for _ in range(2)), torch.arange(n).view(batch, beam))
 
@@ -95,7 +96,7 @@ def main() -> None:
             x = inputs(model, batch, args.beam, args.source, args.position)
             row = {"sentences": batch, "hypotheses": batch * args.beam}
             for name, fn in engines.items():
-                row[f"{name}_ms"] = median_ms(lambda fn=fn: fn(*x), args.repeats, args.min_seconds)
+                row[f"{name}_ms"] = median_ms(lambda fn=fn, x=x: fn(*x), args.repeats, args.min_seconds)
             for name in engines:
                 row[f"{name}_speedup"] = row["eager_ms"] / row[f"{name}_ms"]
             rows.append(row)
