@@ -173,8 +173,11 @@ class Bench:
         shutil.rmtree(out, ignore_errors=True)  # an earlier run's files (this run does not resume it)
         gemm = self.calibrate(f"{system}/{pos} training")
         if system == "relmt":
-            self.run([self.relmt_bin / "relmt-train", f"hydra.run.dir={out}", "model=small", f"model.positions={pos}",
-                      "model.relative_share_heads=true", "data=text", "data.name=peer", f"data.dir={self.corpus}",
+            # rel-heads: the paper's base setting, one table per head (relmt's default; CTranslate2 cannot hold it)
+            self.run([self.relmt_bin / "relmt-train", f"hydra.run.dir={out}", "model=small",
+                      f"model.positions={pos.removesuffix('-heads')}",
+                      f"model.relative_share_heads={str(pos != 'rel-heads').lower()}", "data=text", "data.name=peer",
+                      f"data.dir={self.corpus}",
                       "data.src=src", "data.tgt=tgt", "data.spm_model_type=word", "~data.splits.test",
                       "train.max_padded_tokens=8192", f"train.max_steps={self.steps}",
                       f"train.log_every={self.log_every}", f"train.eval_every={self.steps}",
@@ -221,10 +224,10 @@ class Bench:
     def decode_once(self, system: str, model: Path, src: Path, out: Path, batch: int, n: int) -> float:
         log = out.with_suffix(".log")
         common = ["--src", src, "--out", out, "--n", n, "--batch", batch, "--length", self.length]
-        if system in ("relmt", "relmt-compiled"):
-            compiled = ["--compile"] if system == "relmt-compiled" else []
+        if system in ("relmt", "relmt-compiled", "relmt-onnx"):
+            engine = {"relmt-compiled": ["--compile"], "relmt-onnx": ["--engine", "onnx"]}.get(system, [])
             text = self.run([sys.executable, __file__, "relmt-decode", "--checkpoint", model, "--threads", self.threads,
-                             *compiled, *common], log)
+                             *engine, *common], log)
         elif system.startswith("ct2"):  # ct2 (OpenNMT-py's model) or ct2-relmt; compute type after the colon
             compute = system.split(":")[1]
             python = self.venv("onmt") / "python" if system.startswith("ct2:") else sys.executable
@@ -349,7 +352,8 @@ def relmt_decode(opts: argparse.Namespace) -> None:
 
     torch.set_num_threads(opts.threads)
     tune_cpu()  # relmt-translate's CPU settings (the Translator API leaves them to its caller)
-    translator = Translator.from_checkpoint(opts.checkpoint, device="cpu", compile=opts.compile)
+    # engine=onnx exports on first use, beside the checkpoint: before the warm-up, and not timed
+    translator = Translator.from_checkpoint(opts.checkpoint, device="cpu", compile=opts.compile, engine=opts.engine)
     lines = opts.src.read_text(encoding="utf-8").splitlines()[: opts.n or None]
     # every hypothesis has exactly --length tokens: EOS is suppressed before it, and the step limit
     # max_len_a * |x| + max_len_b ends the search there
@@ -397,7 +401,7 @@ NAMES = {"relmt": "**relmt**", "onmt": "OpenNMT-py 3.5.1", "eole": "eole 0.6.4",
          "ct2:int8": "CTranslate2 4.8.5 int8 (OpenNMT-py's model)",
          "ct2-relmt:float32": "CTranslate2 4.8.5 float32 (relmt-export)",
          "ct2-relmt:int8": "CTranslate2 4.8.5 int8 (relmt-export)",
-         "relmt-compiled": "**relmt** (`compile=true`)"}
+         "relmt-compiled": "**relmt** (`compile=true`)", "relmt-onnx": "**relmt** (`engine=onnx`)"}
 
 
 def fmt(cell: tuple[float, float, float] | None, digits: int = 0) -> str:
@@ -429,7 +433,8 @@ def goals(summary: dict) -> list[tuple[str, str, str, str]]:
                      "yes" if abs_ / rel <= 1.05 else "no"))
     for regime, what in (("batch32", "decoding at 32 per batch, sentences/s"),
                          ("latency", "one sentence at a time, sentences/s")):
-        ours = {name: v for name in ("relmt", "relmt-compiled") if (v := med(decode, f"{name}/rel/{regime}"))}
+        ours = {name: v for name in ("relmt", "relmt-compiled", "relmt-onnx")
+                if (v := med(decode, f"{name}/rel/{regime}"))}
         mine = max(ours.values(), default=None)
         ct2 = [v for k, (v, _, _) in decode.items()
                if k.startswith("ct2") and ":float32/rel/" in k and k.endswith(regime)]
@@ -438,6 +443,15 @@ def goals(summary: dict) -> list[tuple[str, str, str, str]]:
             which = NAMES[max(ours, key=ours.get)].replace("**", "")
             rows.append((f"{what}: {which} rel / best CTranslate2 float32 rel", "≥ 1.0", f"{mine / best:.2f}",
                          "yes" if mine >= best else "no"))
+            target = 0.8 if regime == "batch32" else 0.5  # issue 33
+            rows.append((f"(issue 33) {what}: fastest relmt engine rel / best CTranslate2 float32 rel",
+                         f"≥ {target}", f"{mine / best:.2f}", "yes" if mine / best >= target else "no"))
+        heads = {name: v for name in ("relmt", "relmt-compiled", "relmt-onnx")
+                 if (v := med(decode, f"{name}/rel-heads/{regime}"))}
+        if heads and mine:
+            ratio = max(heads.values()) / mine
+            rows.append((f"(issue 33) {what}: per-head rel / shared-table rel, fastest relmt engine of each",
+                         "≥ 0.9", f"{ratio:.2f}", "yes" if ratio >= 0.9 else "no"))
     return rows
 
 
@@ -462,8 +476,8 @@ def markdown(payload: dict) -> str:
              f"{payload['settings']['length']} tokens; sentences/s at 32 per batch, one at a time (first "
              f"{payload['settings']['latency_n']}), and all in one batch.", "",
              "| system | train tok/s, abs | train tok/s, rel | decode@32, rel | decode@32, abs | 1 at a time, rel "
-             "| one batch, rel |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| one batch, rel | decode@32, rel per-head | 1 at a time, rel per-head |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in systems:
         def t(pos: str, name: str = name) -> str:
             return fmt(s["train"].get(f"{name}/{pos}"))
@@ -472,7 +486,8 @@ def markdown(payload: dict) -> str:
             return fmt(s["decode"].get(f"{name}/{pos}/{regime}"), 1)
 
         lines.append(f"| {NAMES.get(name, name)} | {t('abs')} | {t('rel')} | {d('rel', 'batch32')} | "
-                     f"{d('abs', 'batch32')} | {d('rel', 'latency')} | {d('rel', 'large')} |")
+                     f"{d('abs', 'batch32')} | {d('rel', 'latency')} | {d('rel', 'large')} | "
+                     f"{d('rel-heads', 'batch32')} | {d('rel-heads', 'latency')} |")
     length = payload["settings"]["length"]
     off = {k: v for k, v in s["output_tokens"].items() if abs(v - length) > 1e-9}
     check = f"every decoder gave every hypothesis exactly {length} tokens." if not off else \
@@ -497,12 +512,18 @@ def main() -> None:
     for name, default in (("--threads", 2), ("--n", 0), ("--batch", 32), ("--length", 20)):
         d.add_argument(name, type=int, default=default)
     d.add_argument("--compile", action="store_true")
+    d.add_argument("--engine", default="torch", choices=["torch", "onnx"])
     parser.add_argument("--scratch", type=Path, default=Path(os.environ.get("SCRATCH", "/tmp/relmt-peers")))
     parser.add_argument("--generator", type=Path, default=ROOT.parent / "shared/bench/make_peer_corpus.py",
                         help="the peer corpus generator (default: ../shared/bench, this project's machines)")
     parser.add_argument("--peers", nargs="*", default=["onmt", "eole", "marian"], choices=["onmt", "eole", "marian"])
     parser.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True,
                         help="also decode with relmt's compiled decoder step (relmt-translate compile=true)")
+    parser.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
+                        help="also decode with relmt's ONNX Runtime engine (relmt-translate engine=onnx)")
+    parser.add_argument("--per-head", action=argparse.BooleanOptionalAction, default=True,
+                        help="also train and decode relmt rel with one table per head (rel-heads), which "
+                             "CTranslate2 cannot hold")
     parser.add_argument("--ct2-relmt", action=argparse.BooleanOptionalAction, default=True,
                         help="also decode relmt's models exported by relmt-export with CTranslate2")
     parser.add_argument("--repeats", type=int, default=2)
@@ -538,8 +559,8 @@ def main() -> None:
                                     if k in row))] = row
     elif bench.log_path.exists():
         bench.log_path.unlink()
-    trainers = [("relmt", "abs"), ("relmt", "rel")] + [(p, pos) for p in opts.peers for pos in ("abs", "rel")
-                                                        if not (p == "marian" and pos == "rel")]
+    trainers = [("relmt", "abs"), ("relmt", "rel")] + [("relmt", "rel-heads")] * opts.per_head + [
+        (p, pos) for p in opts.peers for pos in ("abs", "rel") if not (p == "marian" and pos == "rel")]
     models: dict[tuple[str, str], Path] = {}
     for rep in range(1, opts.repeats + 1):
         print(f"== training, repeat {rep}", flush=True)
@@ -554,7 +575,9 @@ def main() -> None:
                 decoders.append((f"ct2:{compute}", pos, convert_onmt(bench, model, pos)))
         if system == "relmt" and opts.compiled:
             decoders.append(("relmt-compiled", pos, model))
-        if system == "relmt" and opts.ct2_relmt:
+        if system == "relmt" and opts.onnx:
+            decoders.append(("relmt-onnx", pos, model))
+        if system == "relmt" and opts.ct2_relmt and pos != "rel-heads":  # refused: one table per head
             for compute in ("float32", "int8"):
                 decoders.append((f"ct2-relmt:{compute}", pos, export_relmt(bench, model, pos)))
     for rep in range(1, opts.repeats + 1):

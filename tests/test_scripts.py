@@ -231,14 +231,17 @@ def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
                "--no-compiled")  # compiling costs a minute per process; tests/test_compiled.py covers it
     payload = json.loads(out.read_text())
     train = [r for r in payload["results"] if r["stage"] == "train"]
-    assert {(r["system"], r["positions"]) for r in train} == {("relmt", "abs"), ("relmt", "rel")}
+    assert {(r["system"], r["positions"]) for r in train} == {("relmt", p) for p in ("abs", "rel", "rel-heads")}
     assert all(r["tokens_per_s"] > 0 and r["gemm_gflops"] > 0 for r in train)
     decode = [r for r in payload["results"] if r["stage"] == "decode"]
-    assert {r["system"] for r in decode} == {"relmt", "ct2-relmt:float32", "ct2-relmt:int8"}
+    assert {r["system"] for r in decode} == {"relmt", "relmt-onnx", "ct2-relmt:float32", "ct2-relmt:int8"}
+    # per-head tables decode with relmt's engines, and are not offered to CTranslate2
+    assert {r["system"] for r in decode if r["positions"] == "rel-heads"} == {"relmt", "relmt-onnx"}
     assert {r["regime"] for r in decode} == {"batch32", "latency", "large"}
     assert all(r["mean_output_tokens"] == 7 for r in decode)  # every hypothesis forced to --length
     text = md.read_text()
     assert "| **relmt** |" in text and "training step time, relmt rel / abs" in text
+    assert "| **relmt** (`engine=onnx`) |" in text and "(issue 33) one sentence at a time" in text
 
 
 def test_bench_decode_levers_runs(tmp_path):
