@@ -20,9 +20,10 @@ USAGE = {
     "relmt-prepare": "relmt-prepare [data=<name>] [data.key=value ...]\n"
                      "Build the sentencepiece vocabulary and the encoded data cache, and print a summary.",
     "relmt-translate": "relmt-translate checkpoint=PATH|[A.pt,B.pt,...] [input=FILE] [output=FILE] [reference=FILE]\n"
-                       "                [beam=4] [lenpen=0.6] [nbest=1] [max_source_tokens=N] [max_len_a=A]\n"
-                       "                [max_len_b=B] [eos_candidates=t2t|fairseq] [max_source_len=1024]\n"
-                       "                [buffer_lines=2000]"
+                       "                [beam=4] [lenpen=0.6] [length_norm=gnmt|power] [nbest=1]\n"
+                       "                [max_source_tokens=N] [max_len_a=A] [max_len_b=B] [eos_candidates=t2t|fairseq]"
+                       "\n"
+                       "                [max_source_len=1024] [buffer_lines=2000]"
                        " [sampling=true] [topk=0] [topp=1.0] [temperature=1.0] [seed=1]\n"
                        "                [precision=auto|fp32|bf16|fp16] [device=auto|cpu|cuda]\n"
                        "                [engine=torch|onnx|ctranslate2]\n"
@@ -192,6 +193,7 @@ class TranslateArgs:
     # decoding: unset (None) keeps the checkpoint's decode config
     beam: int | None = None
     lenpen: float | None = None
+    length_norm: str = ""  # gnmt | power
     nbest: int = 1
     max_source_tokens: int | None = None  # source tokens per batch, padding included
     max_len_a: float | None = None
@@ -211,7 +213,8 @@ class TranslateArgs:
     progress: bool = True
 
 
-TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "nbest", "max_source_tokens", "max_len_a", "max_len_b", "eos_candidates",
+TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "length_norm", "nbest", "max_source_tokens", "max_len_a", "max_len_b",
+                         "eos_candidates",
                          "max_source_len", "sampling", "topk", "topp", "temperature", "seed")
 # Keys that relmt-translate once took, and what they are called now (issue 13: max_tokens counted
 # padded source + target tokens in training and source tokens in decoding, under one name).
@@ -274,7 +277,7 @@ def read_references(reference: str, source: str) -> list[str]:
 def _translate(argv: list[str]) -> None:
     from dataclasses import replace
 
-    from relmt.config import EosCandidates
+    from relmt.config import EosCandidates, LengthNorm
     from relmt.decode.translator import Translator
     from relmt.runtime import tune_cpu
 
@@ -287,9 +290,10 @@ def _translate(argv: list[str]) -> None:
     setup_logging(logging.WARNING)
     if args.buffer_lines < 1:
         raise UserError(f"buffer_lines={args.buffer_lines}: must be >= 1")
-    if args.eos_candidates and args.eos_candidates not in {e.value for e in EosCandidates}:
-        raise UserError(f"eos_candidates={args.eos_candidates}: must be one of "
-                        f"{', '.join(e.value for e in EosCandidates)}")
+    for key, kind in (("eos_candidates", EosCandidates), ("length_norm", LengthNorm)):
+        value = getattr(args, key)
+        if value and value not in {e.value for e in kind}:
+            raise UserError(f"{key}={value}: must be one of {', '.join(e.value for e in kind)}")
     paths = [str(p) for p in args.checkpoint] if isinstance(args.checkpoint, list) else [str(args.checkpoint)]
     if not paths:
         raise UserError("checkpoint=[]: give a checkpoint, or a list of them for an ensemble")
@@ -302,6 +306,8 @@ def _translate(argv: list[str]) -> None:
     overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}
     if "eos_candidates" in overrides:
         overrides["eos_candidates"] = EosCandidates(overrides["eos_candidates"])
+    if "length_norm" in overrides:
+        overrides["length_norm"] = LengthNorm(overrides["length_norm"])
     problem = ""
     try:  # DecodeConfig's own checks, on the checkpoint's settings with the overrides applied
         translator.decode = replace(translator.decode, **overrides)

@@ -300,12 +300,21 @@ class EosCandidates(str, Enum):
     fairseq = "fairseq"  # only the first K: an EOS ranked K..2K-1 is dropped (fairseq)
 
 
+class LengthNorm(str, Enum):
+    """How a finished hypothesis's log-probability is normalised by its length |y| (EOS counted), with
+    exponent decode.lenpen (relmt/decode/beam.py)."""
+
+    gnmt = "gnmt"  # divided by ((5 + |y|) / 6)^lenpen (Wu et al. 2016; tensor2tensor, the paper's code)
+    power = "power"  # divided by |y|^lenpen (fairseq's --lenpen, CTranslate2, Marian)
+
+
 @dataclass
 class DecodeConfig:
     """Decoding for validation BLEU and translation (presets in configs/decode/)."""
 
     beam: int = 4  # 1 = greedy
-    lenpen: float = 0.6  # GNMT length penalty alpha: scores are divided by ((5 + |y|) / 6)^alpha
+    lenpen: float = 0.6  # length penalty alpha: scores are divided by ((5 + |y|) / 6)^alpha (length_norm)
+    length_norm: LengthNorm = LengthNorm.gnmt  # gnmt, or power: |y|^alpha (fairseq, CTranslate2)
     max_len_a: float = 1.0  # a hypothesis has at most a * source length + b tokens (t2t: +50)
     max_len_b: int = 50
     # per decoding batch: batch size x longest source, EOS and padding included (source tokens

@@ -29,7 +29,7 @@ def test_the_experiment_is_wu_et_al_transformer_tiny():
     # one "epoch" = 61 updates: validated (loss, patience 10), saved, and the last 10 averaged for the tests
     assert t.eval_every == t.save_every == 61 and (t.best_metric.value, t.patience, t.valid_bleu) == ("loss", 10, False)
     assert (t.keep_last, t.average_last, t.test_checkpoint.value) == (10, 10, "averaged")
-    assert (dec.beam, dec.lenpen) == (5, 1.0)
+    assert (dec.beam, dec.lenpen, dec.length_norm.value, dec.eos_candidates.value) == (5, 1.0, "power", "fairseq")
 
 
 def test_fairseq_batches_cap_size_times_the_longest_and_cut_to_multiples_of_8():

@@ -28,6 +28,9 @@ def test_length_penalty_by_hand():
     assert length_penalty(13.0, 1.0) == pytest.approx(3.0)
     assert length_penalty(40, 0.0) == 1.0
     torch.testing.assert_close(length_penalty(torch.tensor([1.0, 7.0]), 0.5), torch.tensor([1.0, 2.0 ** 0.5]))
+    # power: fairseq's --lenpen and CTranslate2's length_penalty, |y|^a
+    assert length_penalty(10, 1.0, "power") == 10.0 and length_penalty(4, 0.5, "power") == 2.0
+    assert length_penalty(40, 0.0, "power") == 1.0
 
 
 def test_topk_candidates_by_hand():
@@ -258,7 +261,7 @@ def test_decode_config_beam_one_is_greedy(mode, float64):
             assert [h[0].tokens for h in hyps] == greedy
 
 
-def exhaustive_best(model, src, length: int, alpha: float, top: int):
+def exhaustive_best(model, src, length: int, alpha: float, top: int, norm: str = "gnmt"):
     """Every output of at most `length` steps, scored as the beam search scores finished ones."""
     memory, src_mask = model.encode(src)
     words = [t for t in range(model.tgt_embed.num_embeddings) if t not in (PAD, BOS, EOS)]
@@ -269,21 +272,23 @@ def exhaustive_best(model, src, length: int, alpha: float, top: int):
             lp = torch.log_softmax(model.decode(tgt, memory, src_mask)[0].double(), dim=-1)
             lp[:, [PAD, BOS]] = INF  # never produced, as in the search (which does not renormalise)
             logp = sum(lp[i, tok].item() for i, tok in enumerate(prefix))
-            scored.append(((logp + lp[n, EOS].item()) / length_penalty(n + 1, alpha), list(prefix)))
+            scored.append(((logp + lp[n, EOS].item()) / length_penalty(n + 1, alpha, norm), list(prefix)))
             if n == length - 1:  # the limit: a non-EOS last token finishes as it stands
-                scored += [((logp + lp[n, w].item()) / length_penalty(length, alpha), [*prefix, w]) for w in words]
+                scored += [((logp + lp[n, w].item()) / length_penalty(length, alpha, norm), [*prefix, w])
+                           for w in words]
     return sorted(scored, key=lambda s: -s[0])[:top]
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
-def test_wide_beam_equals_exhaustive_search(alpha, float64):
+@pytest.mark.parametrize("alpha,norm", [(0.0, "gnmt"), (0.6, "gnmt"), (1.5, "gnmt"), (0.6, "power"), (1.0, "power")])
+def test_wide_beam_equals_exhaustive_search(alpha, norm, float64):
     torch.manual_seed(7)
     cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1, max_relative_position=2)
     model = build_model(cfg, vocab_size=7, pad_id=PAD).eval()  # words: UNK, 4, 5, 6
     src = torch.tensor([[4, 5, 6, EOS]])
     with torch.no_grad():
-        expected = exhaustive_best(model, src, length=4, alpha=alpha, top=3)
-    (hyps,) = beam_search(model, src, beam=400, bos_id=BOS, eos_id=EOS, lenpen=alpha, max_len_a=0, max_len_b=4, nbest=3)
+        expected = exhaustive_best(model, src, length=4, alpha=alpha, top=3, norm=norm)
+    (hyps,) = beam_search(model, src, beam=400, bos_id=BOS, eos_id=EOS, lenpen=alpha, max_len_a=0, max_len_b=4, nbest=3,
+                          length_norm=norm)
     assert [h.tokens for h in hyps] == [toks for _, toks in expected]
     assert [h.score for h in hyps] == pytest.approx([s for s, _ in expected], abs=1e-6)
 

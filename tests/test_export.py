@@ -24,7 +24,7 @@ import torch
 
 from relmt import checkpoint
 from relmt.cli import _export, guarded
-from relmt.config import Config, DecodeConfig, EosCandidates, ModelConfig, Norm, PosKind, compose, to_dict
+from relmt.config import Config, DecodeConfig, EosCandidates, LengthNorm, ModelConfig, Norm, PosKind, compose, to_dict
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from relmt.decode.translator import Translator
 from relmt.errors import UserError
@@ -188,17 +188,22 @@ TOY = ["the dog saw the cat", "a small red bird sang", "alice said that bob arri
        "my friend admired the green lake"]
 
 
-def test_free_running_beam_search_matches_relmt_on_a_trained_model(trained, tmp_path, capsys):
+@pytest.mark.parametrize("alpha,norm", [(0.0, LengthNorm.gnmt), (0.6, LengthNorm.power), (1.0, LengthNorm.power)])
+def test_free_running_beam_search_matches_relmt_on_a_trained_model(trained, tmp_path, capsys, alpha, norm):
+    """With decode.length_norm=power relmt divides by |y|^alpha as CTranslate2 does, so even a length penalty
+    picks the same hypotheses with the same scores."""
     out = tmp_path / "ct2"
     assert guarded("relmt-export", _export, [f"checkpoint={trained}", f"output={out}"]) == 0
     assert f"to {out}" in capsys.readouterr().out
     limit = 40
     ours = Translator.from_checkpoint(trained, device="cpu").hypotheses(
-        TOY, beam=BEAM, lenpen=0.0, max_len_a=0.0, max_len_b=limit, eos_candidates=EosCandidates.fairseq)
-    theirs = ct2_hypotheses(out, TOY, length_penalty=0.0, min_decoding_length=0, max_decoding_length=limit)
+        TOY, beam=BEAM, nbest=BEAM, lenpen=alpha, length_norm=norm, max_len_a=0.0, max_len_b=limit,
+        eos_candidates=EosCandidates.fairseq, early_stop=True)
+    theirs = ct2_hypotheses(out, TOY, num_hypotheses=BEAM, length_penalty=alpha, min_decoding_length=0,
+                            max_decoding_length=limit)
     for sentence, mine, other in zip(TOY, ours, theirs):
-        assert mine[0].tokens == other[0][0], sentence
-        assert other[0][1] == pytest.approx(mine[0].score, rel=1e-4, abs=1e-5), sentence
+        assert [h.tokens for h in mine] == [ids for ids, _ in other], sentence
+        assert [s for _, s in other] == pytest.approx([h.score for h in mine], rel=1e-4, abs=1e-5), sentence
     assert max(len(h[0].tokens) for h in ours) < limit  # every output ended with EOS
 
 
@@ -253,8 +258,8 @@ def test_alibi_is_refused_with_the_reason(spm_model, tmp_path, capsys):
 def test_cli_errors_name_the_key(spm_model, tmp_path, capsys):
     ck = random_checkpoint(tmp_path, spm_model, positions=PosKind.abs)
     out = tmp_path / "ct2"
-    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "format=onnx"]) == 2
-    assert "format=onnx" in capsys.readouterr().err
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "format=tflite"]) == 2
+    assert "format=tflite: the export formats are ctranslate2 and onnx" in capsys.readouterr().err
     assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "quantization=int3"]) == 2
     assert "quantization=int3: must be one of" in capsys.readouterr().err
     assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "max_positions=0"]) == 2

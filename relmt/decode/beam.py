@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relmt.config import EosCandidates
+from relmt.config import EosCandidates, LengthNorm
 from relmt.decode.ensemble import Ensemble
 from relmt.model.transformer import Transformer
 
@@ -43,8 +43,11 @@ def max_lengths(src_mask: Tensor, a: float, b: int) -> Tensor:
     return (a * src_mask.sum(dim=1).to(torch.float64) + b).floor().long().clamp(min=1)
 
 
-def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
-    """GNMT (Wu et al. 2016, eq. 14): ((5 + |y|) / 6)^alpha."""
+def length_penalty(length: Tensor | float, alpha: float, norm: LengthNorm | str = LengthNorm.gnmt) -> Tensor | float:
+    """What a hypothesis's log-probability is divided by (|y| counts its EOS): GNMT (Wu et al. 2016, eq. 14)
+    ((5 + |y|) / 6)^alpha, or |y|^alpha (`power`: fairseq's --lenpen, CTranslate2, Marian)."""
+    if LengthNorm(norm) == LengthNorm.power:
+        return length ** alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -67,10 +70,12 @@ def merge_finished(pool_scores: Tensor, pool_tokens: Tensor, new_scores: Tensor,
     return best, tokens.gather(1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
 
 
-def can_stop(pool_scores: Tensor, alive_scores: Tensor, limit: Tensor, alpha: float) -> Tensor:
-    """(B,) True where the pool is full and no live beam can beat its worst hypothesis."""
+def can_stop(pool_scores: Tensor, alive_scores: Tensor, limit: Tensor, alpha: float,
+             norm: LengthNorm | str = LengthNorm.gnmt) -> Tensor:
+    """(B,) True where the pool is full and no live beam can beat its worst hypothesis (both penalties grow
+    with the length, so a live score divided by the penalty at the step limit is the best it can reach)."""
     full = torch.isfinite(pool_scores).all(dim=1)
-    best_reachable = alive_scores.max(dim=1).values / length_penalty(limit.to(alive_scores.dtype), alpha)
+    best_reachable = alive_scores.max(dim=1).values / length_penalty(limit.to(alive_scores.dtype), alpha, norm)
     return full & (best_reachable <= pool_scores.min(dim=1).values)
 
 
@@ -84,8 +89,10 @@ class Hypothesis:
 def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: int, eos_id: int, lenpen: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1, early_stop: bool = False,
                 min_len: int = 0, use_cache: bool = True, eos_candidates: EosCandidates | str = EosCandidates.t2t,
-                out_weight: Tensor | tuple | None = None) -> list[list[Hypothesis]]:
-    """The `nbest` best hypotheses of each source row of src (B, S), best first. `out_weight` is
+                out_weight: Tensor | tuple | None = None, length_norm: LengthNorm | str = LengthNorm.gnmt,
+                ) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses of each source row of src (B, S), best first, ranked by log-probability
+    over length_penalty(|y|, lenpen, length_norm). `out_weight` is
     the output weight padded with zero rows for a faster CPU GEMM (relmt.decode.search.output_weight),
     handed to every cached step; None: the tied embedding itself. An `Ensemble` decodes through the
     same code: its memory, cache and output weights hold one entry per model."""
@@ -131,7 +138,7 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
         finishing &= torch.isfinite(cand)
         rows = (torch.arange(m, device=src.device)[:, None] * k + origin)  # (m, 2K) rows of `tokens`
         seqs = torch.cat((tokens[rows.view(-1), 1:].view(m, 2 * k, t), token[:, :, None]), dim=2)
-        normalised = cand / length_penalty(float(t + 1), lenpen)
+        normalised = cand / length_penalty(float(t + 1), lenpen, length_norm)
         pool_tokens = torch.cat((pool_tokens, pool_tokens.new_full((m, k, 1), pad_id)), dim=2)[:, :, : t + 1]
         pool_scores, pool_tokens = merge_finished(pool_scores, pool_tokens,
                                                   normalised.masked_fill(~finishing, float("-inf")), seqs)
@@ -143,7 +150,7 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
             cache = cache.select(rows)
 
         done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
-                             can_stop(pool_scores, alive, limit, lenpen))
+                             can_stop(pool_scores, alive, limit, lenpen, length_norm))
         if done.any():
             for i, scores, seqs_i in zip(sentence[done].tolist(), pool_scores[done].tolist(),
                                          pool_tokens[done].tolist()):

@@ -92,7 +92,7 @@ def draw(scores: Tensor, u: Tensor) -> Tensor:
 def sample(model: Transformer | Ensemble, src: Tensor, lines: Tensor, samples: int, bos_id: int, eos_id: int,
            seed: int, temperature: float = 1.0, topk: int = 0, topp: float = 1.0, lenpen: float = 0.6,
            max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 0, nbest: int = 1,
-           out_weight: Tensor | tuple | None = None) -> list[list[Hypothesis]]:
+           out_weight: Tensor | tuple | None = None, length_norm: str = "gnmt") -> list[list[Hypothesis]]:
     """The `nbest` best of `samples` samples of each source row of src (B, S), best first. lines:
     (B,) the input line of each row, which with `seed` fixes its draws."""
     pad_id, k = model.pad_id, samples
@@ -125,7 +125,7 @@ def sample(model: Transformer | Ensemble, src: Tensor, lines: Tensor, samples: i
 
         done = finished.view(-1, k).all(dim=1)  # (m,) sentences whose K samples have all ended
         if done.any():
-            scores = (logp / length_penalty(length.double(), lenpen)).view(-1, k)
+            scores = (logp / length_penalty(length.double(), lenpen, length_norm)).view(-1, k)
             seqs = tokens[:, 1:].view(-1, k, t + 1)
             for i in done.nonzero()[:, 0].tolist():
                 order = scores[i].argsort(descending=True, stable=True)[:nbest].tolist()

@@ -63,12 +63,12 @@ def nbest_search(model: Transformer | Ensemble, src: Tensor, cfg: DecodeConfig,
         if lines is None:
             lines = torch.arange(1, src.shape[0] + 1)
         return sample(model, src, lines, cfg.beam, BOS_ID, EOS_ID, cfg.seed, cfg.temperature, cfg.topk, cfg.topp,
-                      cfg.lenpen, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.nbest, out_weight)
+                      cfg.lenpen, cfg.max_len_a, cfg.max_len_b, cfg.min_len, cfg.nbest, out_weight, cfg.length_norm)
     greedy = cfg.beam == 1
     return beam_search(model, src, cfg.beam, BOS_ID, EOS_ID, cfg.lenpen, cfg.max_len_a, cfg.max_len_b,
                        nbest=cfg.nbest, early_stop=cfg.early_stop or greedy, min_len=cfg.min_len,
                        eos_candidates=EosCandidates.fairseq if greedy else cfg.eos_candidates,
-                       out_weight=out_weight)
+                       out_weight=out_weight, length_norm=cfg.length_norm)
 
 
 def capped_lengths(sources: Sequence[np.ndarray | list[int]], cap: int, name: str, first_line: int) -> np.ndarray:

@@ -28,8 +28,8 @@ How the relmt model maps onto CTranslate2's TransformerSpec:
 - sources end in </s> (add_source_eos: CT2 appends it) and decoding starts from <s>, relmt's BOS.
 
 Decoding differences that remain (tests/test_export.py measures the rest to float32 rounding):
-CT2's length_penalty divides a score by |y|^alpha where relmt's lenpen divides by the GNMT
-((5 + |y|) / 6)^alpha, and CT2 lets only an EOS among the first K candidates finish (relmt's
+CT2's length_penalty divides a score by |y|^alpha, as relmt's decode.length_norm=power does (the default,
+gnmt, divides by ((5 + |y|) / 6)^alpha), and CT2 lets only an EOS among the first K candidates finish (relmt's
 decode.eos_candidates=fairseq; the paper's t2t rule is relmt's default). relmt takes <pad> and <s>
 out of the candidates after the softmax, and EOS before decode.min_len; CT2 can only mask logits
 before the softmax (min_decoding_length, suppress_sequences), which renormalises. The export leaves
@@ -276,7 +276,8 @@ class RelmtConverter(Converter):
         (tmp / SPM_FILE).write_bytes(self.tokenizer.model_bytes())
         absolute = hasattr(spec.encoder, "position_encodings")
         info = {**self.info, "max_positions": self.max_positions if absolute else None,
-                "length_penalty": "CTranslate2 divides a score by length^alpha, relmt by ((5 + length) / 6)^alpha"}
+                "length_penalty": "CTranslate2 divides a score by length^alpha, relmt by ((5 + length) / 6)^alpha "
+                                  "unless decode.length_norm=power"}
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         spec.register_file(str(tmp / SPM_FILE))
         spec.register_file(str(tmp / INFO_FILE))

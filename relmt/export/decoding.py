@@ -19,12 +19,13 @@ needs no ctranslate2 itself. What maps:
 - sampling: beam_size 1 and num_hypotheses nbest, with topk -> sampling_topk (0 = all in both),
   topp -> sampling_topp and temperature -> sampling_temperature.
 
-What cannot be matched: CTranslate2 divides a score by |y|^alpha where relmt divides by GNMT's
-((5 + |y|) / 6)^alpha (the same when lenpen is 0, and the same order among equally long
-hypotheses); only an EOS among the first K candidates finishes a hypothesis (relmt's
-eos_candidates=fairseq; t2t is relmt's default); a sentence stops once K hypotheses have finished
-(relmt's early_stop=true); and with sampling relmt keeps the nbest of `beam` draws seeded per line,
-where CTranslate2 returns nbest draws from its own generator. Greedy decoding (beam 1) matches
+What cannot be matched: CTranslate2 divides a score by |y|^alpha, as relmt does with
+decode.length_norm=power (with the default gnmt, relmt divides by ((5 + |y|) / 6)^alpha: the same
+when lenpen is 0, and the same order among equally long hypotheses); only an EOS among the first K
+candidates finishes a hypothesis (relmt's eos_candidates=fairseq; t2t is relmt's default); a
+sentence stops once K hypotheses have finished (relmt's early_stop=true); and with sampling relmt
+keeps the nbest of `beam` draws seeded per line, where CTranslate2 returns nbest draws from its own
+generator. Greedy decoding (beam 1) matches
 relmt's token for token (tests/test_export.py).
 """
 
