@@ -621,8 +621,8 @@ def check_overrides(argv: list[str]) -> list[str]:
     problems = []
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if not eq or key.startswith(("-", "+", "~", "hydra")):  # -m, additions, deletions, Hydra's own keys
-            continue
+        if not eq or key.startswith(("-", "+", "~", "hydra")) or "@" in key:  # -m, additions, deletions,
+            continue  # Hydra's own keys and package overrides (group@pkg=option) are Hydra's to check
         if key in groups:
             for name in sweep_values(value):
                 if name not in groups[key] and "(" not in name:
