@@ -181,3 +181,17 @@ def test_rope_in_real_arithmetic_under_compile_equals_the_complex_rotation(monke
     eager = rotate(x, rotary)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     torch.testing.assert_close(rotate(x, rotary), eager, rtol=1e-6, atol=1e-6)
+
+
+def test_alibi_bias_is_kept_per_shape_and_t5_is_recomputed_while_it_learns():
+    """ALiBi's bias has no parameters: computed once per shape, in training too. T5's is learned: afresh while
+    gradients flow (its table changes every update), kept per shape when decoding."""
+    alibi, t5 = ALiBi(4), T5Bias(4, 16, bidirectional=True)
+    cpu = torch.device("cpu")
+    assert alibi.terms(5, 5, 0, cpu, torch.float32).bias is alibi.terms(5, 5, 0, cpu, torch.float32).bias
+    assert t5.terms(5, 5, 0, cpu, torch.float32).bias is not t5.terms(5, 5, 0, cpu, torch.float32).bias
+    with torch.no_grad():
+        assert t5.terms(5, 5, 0, cpu, torch.float32).bias is t5.terms(5, 5, 0, cpu, torch.float32).bias
+        kept = t5.terms(5, 5, 0, cpu, torch.float32).bias
+        t5.table.weight.add_(1.0)  # an update: the version changes, and with it the kept bias
+        assert not torch.equal(t5.terms(5, 5, 0, cpu, torch.float32).bias, kept)

@@ -178,8 +178,9 @@ def distances(n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
 
 
 class _CachedBias(nn.Module):
-    """A bias that depends on (n, m, q_offset) alone, kept per shape while no gradient is taken (the
-    a^K route's per-length reuse): validation and decoding ask for the same shapes again and again."""
+    """A bias that depends on (n, m, q_offset) alone, kept per shape (the a^K route's per-length reuse):
+    validation and decoding ask for the same shapes again and again, and so does training when the bias
+    has no parameters (ALiBi). A learned bias (T5) is computed afresh while gradients flow."""
 
     CACHED = 64  # shapes kept; the oldest goes first
 
@@ -191,7 +192,8 @@ class _CachedBias(nn.Module):
         raise NotImplementedError
 
     def terms(self, n: int, m: int, q_offset: int, device: torch.device, dtype: torch.dtype) -> PositionTerms:
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        learned = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if learned or torch.compiler.is_compiling():
             return PositionTerms(bias=self.bias(n, m, q_offset, device).to(dtype))
         key = (n, m, q_offset, device, dtype, *(p._version for p in self.parameters()))
         if (hit := self._cache.get(key)) is None:
