@@ -22,7 +22,10 @@ lane() {  # the named runs one after another, each kept when it finishes
     for name in "$@"; do
         .venv/bin/python scripts/quality_peers.py --venv "$SCRATCH/onmt" --data "$DATA" --out "$OUT" --run "$name"
         mkdir -p "$KEEP/$name/translations"
-        cp "$OUT/$name"/{config.yaml,train.log,translate.log,metrics.json} "$KEEP/$name/"
+        # kept without this machine's paths: the checkout's become relative, the peers' venvs $SCRATCH
+        for f in config.yaml train.log translate.log metrics.json; do
+            sed -e "s|$PWD/||g" -e "s|$SCRATCH|\$SCRATCH|g" "$OUT/$name/$f" > "$KEEP/$name/$f"
+        done
         cp "$OUT/$name"/translations/*.de "$KEEP/$name/translations/"
     done
 }
