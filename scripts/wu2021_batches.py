@@ -1,7 +1,7 @@
 """Target tokens per update and updates per epoch: fairseq's batching of Wu et al. (2021)'s Multi30k data
 against relmt's of experiment=multi30k_wu2021, to set train.max_padded_tokens (issue 30 §2).
 
-    python scripts/wu2021_batches.py --wu Revisit-MMT/data/multi30k-en-de [--data ../shared/data/multi30k]
+    python scripts/wu2021_batches.py --wu ../Revisit-MMT/data/multi30k-en-de [--data ../shared/data/multi30k]
 
 --wu is the data folder of github.com/LividWo/Revisit-MMT (train.en, train.de: lowercased, Moses-tokenized,
 BPE'd); --data the Multi30k raw text relmt trains on (default ../shared/data/multi30k: this project's machines).
