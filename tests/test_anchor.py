@@ -1,20 +1,12 @@
 """The published anchor's recipe (issue 30 §2): experiment=multi30k_wu2021 holds Wu et al. (2021)'s settings as
 docs/results/multi30k_anchor.md states them, and scripts/wu2021_batches.py batches as fairseq does."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 from relmt.config import LrSchedule, Norm, PosKind, compose
+from tests.scripts_import import load_script
 
-ROOT = Path(__file__).parents[1]
-_spec = importlib.util.spec_from_file_location("wu2021_batches", ROOT / "scripts" / "wu2021_batches.py")
-wb = sys.modules["wu2021_batches"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wb)
-_spec = importlib.util.spec_from_file_location("anchor_report", ROOT / "scripts" / "anchor_report.py")
-ar = sys.modules["anchor_report"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ar)
+wb, ar = load_script("wu2021_batches"), load_script("anchor_report")
 
 
 def test_the_experiment_is_wu_et_al_transformer_tiny():

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.scripts_import import load_script
+
 ROOT = Path(__file__).parents[1]
-_spec = importlib.util.spec_from_file_location("import_layers", ROOT / "scripts" / "import_layers.py")
-layers = sys.modules["import_layers"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up there
-_spec.loader.exec_module(layers)
+layers = load_script("import_layers")
 
 
 def test_no_module_imports_from_a_higher_layer():

@@ -2,25 +2,19 @@
 pinned against relmt's own configs and schedule; the end-to-end run needs OpenNMT-py's virtual environment
 (scripts/quality_peers.sh installs it) and is skipped without it."""
 
-import importlib.util
 import json
 import os
 import random
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from relmt.train.optim import inverse_sqrt_lr, noam_lr
+from tests.scripts_import import load_script
 
 ROOT = Path(__file__).parents[1]
-_spec = importlib.util.spec_from_file_location("quality_peers", ROOT / "scripts" / "quality_peers.py")
-qp = sys.modules["quality_peers"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(qp)
-_spec = importlib.util.spec_from_file_location("quality_peers_report", ROOT / "scripts" / "quality_peers_report.py")
-rp = sys.modules["quality_peers_report"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rp)
+qp, rp = load_script("quality_peers"), load_script("quality_peers_report")
 ONMT = Path(os.environ.get("RELMT_PEERS", "/tmp/relmt-peers")) / "onmt"
 
 

@@ -322,11 +322,9 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
 
 def test_claims_table_escapes_pipes_in_its_cells(tmp_path):
     """claims.md: a measured name such as "|difference|" must not split a markdown table cell."""
-    import importlib.util
+    from tests.scripts_import import load_script
 
-    spec = importlib.util.spec_from_file_location("reproduction_reports", ROOT / "scripts" / "reproduction_reports.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-    spec.loader.exec_module(module)
+    module = load_script("reproduction_reports")
     doc = {"groups": [{"data": "toy", "claims": [{"name": "a^K alone is about as good as both", "split": "test",
                                                   "verdict": "held", "measured": {"|difference|": 0.02}}]}]}
     (tmp_path / "toy.json").write_text(json.dumps(doc))
