@@ -20,6 +20,8 @@ import tempfile
 from enum import Enum
 from pathlib import Path
 
+import torch
+
 log = logging.getLogger(__name__)
 
 
@@ -91,8 +93,6 @@ class Ct2Model:
         if not target.is_dir():
             log.warning("engine=ctranslate2: converting %s once, to %s", checkpoint, target)
         build_artefact(target, lambda tmp: export(checkpoint, tmp, force=True))
-        import torch
-
         self.translator = ctranslate2.Translator(str(target), device="cpu", intra_threads=threads or
                                                  torch.get_num_threads())
 
