@@ -26,7 +26,7 @@ USAGE = {
                        "                [max_source_len=1024] [buffer_lines=2000]"
                        " [sampling=true] [topk=0] [topp=1.0] [temperature=1.0] [seed=1]\n"
                        "                [precision=auto|fp32|bf16|fp16] [device=auto|cpu|cuda]\n"
-                       "                [engine=torch|onnx|ctranslate2]\n"
+                       "                [engine=torch|onnx|aoti|ctranslate2]\n"
                        "Translate stdin (or input) line by line to stdout (or output), buffer_lines lines at a time:\n"
                        "each chunk is written, in input order, before the next is read. Unset decoding options come\n"
                        "from the checkpoint's decode config, and precision from its train.precision. A source over\n"
@@ -38,9 +38,10 @@ USAGE = {
                        "and the line number) and returns the nbest best. With reference=FILE nothing is decoded:\n"
                        "each line is `logprob<TAB>tokens<TAB>logprob/tokens`, the natural-log probability of the\n"
                        "reference line given the input line, over its tokens and EOS (forced decoding).\n"
-                       "engine runs the network: torch (relmt's modules), onnx (onnxruntime, with relmt's search:\n"
-                       "every model and decoding option) or ctranslate2 (its own search; no per-head tables), both\n"
-                       "on the CPU in float32, from an artefact made on first use in <checkpoint>.engines/.",
+                       "engine runs the network: torch (relmt's modules), onnx (onnxruntime) or aoti (AOTInductor,\n"
+                       "needs a C++ compiler), both with relmt's search: every model and decoding option, or\n"
+                       "ctranslate2 (its own search; no per-head tables), all three on the CPU in float32, from an\n"
+                       "artefact made on first use in <checkpoint>.engines/.",
     "relmt-score": "relmt-score hyp=FILE ref=FILE [src=FILE] [lang=de] [buckets=[10,20,30,40,60]] [out=FILE.json]\n"
                    "sacreBLEU and chrF with signatures, paper-comparable tokenized BLEU (Moses + compound\n"
                    "splitting), and with src, BLEU by source length. Prints a summary; with out=FILE.json it also\n"
@@ -48,7 +49,7 @@ USAGE = {
     "relmt-average": "relmt-average output=AVG.pt (dir=RUN/checkpoints [last=N] | checkpoints=[a.pt,b.pt,...])\n"
                      "Average the weights of the last N step checkpoints in dir (all of them if N=0), or\n"
                      "of the listed checkpoints, into one checkpoint.",
-    "relmt-export": "relmt-export checkpoint=PATH output=DIR [format=ctranslate2|onnx] [quantization=int8|...]\n"
+    "relmt-export": "relmt-export checkpoint=PATH output=DIR [format=ctranslate2|onnx|aoti] [quantization=int8|...]\n"
                     "             [max_positions=2048] [force=false]\n"
                     "Write a CTranslate2 model directory (model.bin, config.json, shared_vocabulary.json) with the\n"
                     "checkpoint's sentencepiece model beside it (sentencepiece.model). quantization: any of\n"
@@ -56,7 +57,8 @@ USAGE = {
                     "the absolute encodings cover (abs, both and none). Needs ctranslate2 (the export extra); a\n"
                     "model with per-head relative tables (model.relative_share_heads=false) cannot be exported.\n"
                     "format=onnx writes encoder.onnx and step.onnx (every model: relmt's searches run on them with\n"
-                    "onnxruntime, as relmt-translate engine=onnx does) with sentencepiece.model (needs relmt[onnx]).",
+                    "onnxruntime, as relmt-translate engine=onnx does) with sentencepiece.model (needs relmt[onnx]);\n"
+                    "format=aoti compiles them with AOTInductor into encoder.pt2 and step.pt2 (engine=aoti).",
 }
 
 
@@ -209,7 +211,7 @@ class TranslateArgs:
     precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
     device: str = "auto"
     compile: bool = False  # torch.compile the decoder step (relmt/decode/compiled.py): for large inputs
-    engine: str = "torch"  # torch | onnx | ctranslate2 (relmt/export/engines.py)
+    engine: str = "torch"  # torch | onnx | aoti | ctranslate2 (relmt/export/engines.py)
     progress: bool = True
 
 
@@ -409,16 +411,21 @@ class ExportArgs:
 
 def _export(argv: list[str]) -> None:
     args = parse_args(ExportArgs, argv)
-    if args.format not in ("ctranslate2", "onnx"):
-        raise UserError(f"format={args.format}: the export formats are ctranslate2 and onnx")
-    if args.format == "onnx":
-        try:
-            from relmt.export.onnx import export_checkpoint
-        except ImportError as e:
-            raise UserError(f"format=onnx needs onnx, onnxscript and onnxruntime ({e}): pip install 'relmt[onnx]'"
-                            ) from None
-        out = export_checkpoint(args.checkpoint, args.output, force=args.force)
-        print(f"exported {args.checkpoint} to {out} (ONNX: encoder.onnx and step.onnx, for relmt's searches)")
+    if args.format not in ("ctranslate2", "onnx", "aoti"):
+        raise UserError(f"format={args.format}: the export formats are ctranslate2, onnx and aoti")
+    if args.format in ("onnx", "aoti"):
+        from relmt.export.engines import Engine, export_checkpoint
+
+        if args.format == "onnx":
+            try:
+                import onnxruntime  # noqa: F401
+                import onnxscript  # noqa: F401
+            except ImportError as e:
+                raise UserError(f"format=onnx needs onnx, onnxscript and onnxruntime ({e}): "
+                                "pip install 'relmt[onnx]'") from None
+        out = export_checkpoint(args.checkpoint, args.output, Engine(args.format), force=args.force)
+        made = "ONNX: encoder.onnx and step.onnx" if args.format == "onnx" else "AOTInductor: encoder.pt2 and step.pt2"
+        print(f"exported {args.checkpoint} to {out} ({made}, for relmt's searches)")
         return
     try:
         from relmt.export.ctranslate2 import export as export_ctranslate2

@@ -23,7 +23,9 @@ import torch
 
 from relmt.bench import command_line, hardware, markdown_table, write_json
 from relmt.config import ModelConfig, PosKind
-from relmt.export.onnx import OnnxCache, OnnxModel, _examples, _Step, export_onnx
+from relmt.export.aoti import AotiModel, export_aoti
+from relmt.export.graphs import StepGraph
+from relmt.export.onnx import OnnxModel, export_onnx
 from relmt.model.transformer import build_model
 from relmt.runtime import tune_cpu
 
@@ -69,27 +71,14 @@ def main() -> None:
     torch.manual_seed(1)
     cfg = ModelConfig(d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3, positions=PosKind.rel)
     model = build_model(cfg, args.vocab, 0).eval()
-    step = _Step(model).eval()
-    engines, build = {"eager": step}, {"eager": 0.0}
+    engines, build = {"eager": StepGraph(model).eval()}, {"eager": 0.0}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         t0 = time.perf_counter()
-        onnx = OnnxModel(export_onnx(model, Path(tmp) / "onnx"), threads=torch.get_num_threads())
+        engines["onnx"] = OnnxModel(export_onnx(model, Path(tmp) / "onnx"), threads=torch.get_num_threads()).run_step
         build["onnx"] = time.perf_counter() - t0
-
-        def run_onnx(tokens, keep, cross_k, cross_v, self_k, self_v, order, onnx=onnx):
-            from relmt.export.onnx import OnnxMemory
-
-            cache = OnnxCache(self_k.numpy(), self_v.numpy(), order.view(-1))
-            return onnx.decode_step(tokens.view(-1), OnnxMemory(cross_k.numpy(), cross_v.numpy()), keep, cache,
-                                    step=self_k.shape[3])
-
-        engines["onnx"] = run_onnx
         if not args.no_aoti:
-            _, example, _, dims = _examples(model)
             t0 = time.perf_counter()
-            program = torch.export.export(step, example, dynamic_shapes=dims)
-            package = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(tmp) / "step.pt2"))
-            engines["aoti"] = torch._inductor.aoti_load_package(package)
+            engines["aoti"] = AotiModel(export_aoti(model, Path(tmp) / "aoti")).run_step
             build["aoti"] = time.perf_counter() - t0
         rows = []
         for batch in args.batches:

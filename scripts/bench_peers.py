@@ -224,8 +224,9 @@ class Bench:
     def decode_once(self, system: str, model: Path, src: Path, out: Path, batch: int, n: int) -> float:
         log = out.with_suffix(".log")
         common = ["--src", src, "--out", out, "--n", n, "--batch", batch, "--length", self.length]
-        if system in ("relmt", "relmt-compiled", "relmt-onnx"):
-            engine = {"relmt-compiled": ["--compile"], "relmt-onnx": ["--engine", "onnx"]}.get(system, [])
+        if system in RELMT:
+            engine = {"relmt-compiled": ["--compile"], "relmt-onnx": ["--engine", "onnx"],
+                      "relmt-aoti": ["--engine", "aoti"]}.get(system, [])
             text = self.run([sys.executable, __file__, "relmt-decode", "--checkpoint", model, "--threads", self.threads,
                              *engine, *common], log)
         elif system.startswith("ct2"):  # ct2 (OpenNMT-py's model) or ct2-relmt; compute type after the colon
@@ -352,7 +353,7 @@ def relmt_decode(opts: argparse.Namespace) -> None:
 
     torch.set_num_threads(opts.threads)
     tune_cpu()  # relmt-translate's CPU settings (the Translator API leaves them to its caller)
-    # engine=onnx exports on first use, beside the checkpoint: before the warm-up, and not timed
+    # engine=onnx and aoti export on first use, beside the checkpoint: before the warm-up, and not timed
     translator = Translator.from_checkpoint(opts.checkpoint, device="cpu", compile=opts.compile, engine=opts.engine)
     lines = opts.src.read_text(encoding="utf-8").splitlines()[: opts.n or None]
     # every hypothesis has exactly --length tokens: EOS is suppressed before it, and the step limit
@@ -401,7 +402,9 @@ NAMES = {"relmt": "**relmt**", "onmt": "OpenNMT-py 3.5.1", "eole": "eole 0.6.4",
          "ct2:int8": "CTranslate2 4.8.5 int8 (OpenNMT-py's model)",
          "ct2-relmt:float32": "CTranslate2 4.8.5 float32 (relmt-export)",
          "ct2-relmt:int8": "CTranslate2 4.8.5 int8 (relmt-export)",
-         "relmt-compiled": "**relmt** (`compile=true`)", "relmt-onnx": "**relmt** (`engine=onnx`)"}
+         "relmt-compiled": "**relmt** (`compile=true`)", "relmt-onnx": "**relmt** (`engine=onnx`)",
+         "relmt-aoti": "**relmt** (`engine=aoti`)"}
+RELMT = ("relmt", "relmt-compiled", "relmt-onnx", "relmt-aoti")  # relmt's decoders: its engines
 
 
 def fmt(cell: tuple[float, float, float] | None, digits: int = 0) -> str:
@@ -433,8 +436,7 @@ def goals(summary: dict) -> list[tuple[str, str, str, str]]:
                      "yes" if abs_ / rel <= 1.05 else "no"))
     for regime, what in (("batch32", "decoding at 32 per batch, sentences/s"),
                          ("latency", "one sentence at a time, sentences/s")):
-        ours = {name: v for name in ("relmt", "relmt-compiled", "relmt-onnx")
-                if (v := med(decode, f"{name}/rel/{regime}"))}
+        ours = {name: v for name in RELMT if (v := med(decode, f"{name}/rel/{regime}"))}
         mine = max(ours.values(), default=None)
         ct2 = [v for k, (v, _, _) in decode.items()
                if k.startswith("ct2") and ":float32/rel/" in k and k.endswith(regime)]
@@ -446,8 +448,7 @@ def goals(summary: dict) -> list[tuple[str, str, str, str]]:
             target = 0.8 if regime == "batch32" else 0.5  # issue 33
             rows.append((f"(issue 33) {what}: fastest relmt engine rel / best CTranslate2 float32 rel",
                          f"≥ {target}", f"{mine / best:.2f}", "yes" if mine / best >= target else "no"))
-        heads = {name: v for name in ("relmt", "relmt-compiled", "relmt-onnx")
-                 if (v := med(decode, f"{name}/rel-heads/{regime}"))}
+        heads = {name: v for name in RELMT if (v := med(decode, f"{name}/rel-heads/{regime}"))}
         if heads and mine:
             ratio = max(heads.values()) / mine
             rows.append((f"(issue 33) {what}: per-head rel / shared-table rel, fastest relmt engine of each",
@@ -512,7 +513,7 @@ def main() -> None:
     for name, default in (("--threads", 2), ("--n", 0), ("--batch", 32), ("--length", 20)):
         d.add_argument(name, type=int, default=default)
     d.add_argument("--compile", action="store_true")
-    d.add_argument("--engine", default="torch", choices=["torch", "onnx"])
+    d.add_argument("--engine", default="torch", choices=["torch", "onnx", "aoti"])
     parser.add_argument("--scratch", type=Path, default=Path(os.environ.get("SCRATCH", "/tmp/relmt-peers")))
     parser.add_argument("--generator", type=Path, default=ROOT.parent / "shared/bench/make_peer_corpus.py",
                         help="the peer corpus generator (default: ../shared/bench, this project's machines)")
@@ -521,6 +522,8 @@ def main() -> None:
                         help="also decode with relmt's compiled decoder step (relmt-translate compile=true)")
     parser.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
                         help="also decode with relmt's ONNX Runtime engine (relmt-translate engine=onnx)")
+    parser.add_argument("--aoti", action=argparse.BooleanOptionalAction, default=True,
+                        help="also decode with relmt's AOTInductor engine (relmt-translate engine=aoti)")
     parser.add_argument("--per-head", action=argparse.BooleanOptionalAction, default=True,
                         help="also train and decode relmt rel with one table per head (rel-heads), which "
                              "CTranslate2 cannot hold")
@@ -577,6 +580,8 @@ def main() -> None:
             decoders.append(("relmt-compiled", pos, model))
         if system == "relmt" and opts.onnx:
             decoders.append(("relmt-onnx", pos, model))
+        if system == "relmt" and opts.aoti:
+            decoders.append(("relmt-aoti", pos, model))
         if system == "relmt" and opts.ct2_relmt and pos != "rel-heads":  # refused: one table per head
             for compute in ("float32", "int8"):
                 decoders.append((f"ct2-relmt:{compute}", pos, export_relmt(bench, model, pos)))

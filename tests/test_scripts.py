@@ -228,7 +228,8 @@ def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
     run_script("bench_peers.py", "--scratch", str(tmp_path / "scratch"), "--generator", str(tmp_path / "absent.py"),
                "--peers", "--steps", "20", "--log-every", "10", "--decode-n", "6", "--latency-n", "2",
                "--length", "7", "--repeats", "1", "--threads", "1", "--json", str(out), "--md", str(md),
-               "--no-compiled")  # compiling costs a minute per process; tests/test_compiled.py covers it
+               "--no-compiled", "--no-aoti")  # compiling costs a minute per model (tests/test_compiled.py and
+    # tests/test_engines.py cover compile=true and engine=aoti)
     payload = json.loads(out.read_text())
     train = [r for r in payload["results"] if r["stage"] == "train"]
     assert {(r["system"], r["positions"]) for r in train} == {("relmt", p) for p in ("abs", "rel", "rel-heads")}

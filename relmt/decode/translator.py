@@ -46,7 +46,7 @@ from relmt.decode.ensemble import Ensemble
 from relmt.decode.reference import ReferenceScore, score_references
 from relmt.decode.search import decode_sources
 from relmt.errors import UserError
-from relmt.export.engines import Ct2Model, Engine, engine_of, onnx_model
+from relmt.export.engines import Ct2Model, Engine, engine_of, graph_model
 from relmt.model.transformer import Transformer, build_model
 from relmt.runtime import autocast_dtype, resolve_device
 
@@ -81,7 +81,7 @@ class Translator:
                  autocast_dtype: torch.dtype | None = None, scorer: Transformer | Ensemble | None = None,
                  ct2=None) -> None:
         """`model` runs the searches: relmt's modules, or another engine's stand-in for them
-        (relmt.export.onnx.OnnxModel); `scorer`, relmt's modules, scores references (default: model);
+        (relmt.export.graphs.GraphModel: onnx or aoti); `scorer`, relmt's modules, scores references (default: model);
         `ct2` (relmt.export.engines.Ct2Model), when given, decodes instead of relmt's searches."""
         self.model, self.tokenizer, self.decode, self.device = model.eval(), tokenizer, decode, device
         self.autocast_dtype = autocast_dtype
@@ -95,7 +95,7 @@ class Translator:
         not forced into bf16 on a GPU. `compile` compiles the decoder step (relmt/decode/compiled.py):
         faster on large inputs, after tens of seconds of compiling. Process-wide CPU settings are
         left alone: call relmt.runtime.tune_cpu() first to opt in to relmt-translate's. `engine` (torch,
-        onnx or ctranslate2; relmt/export/engines.py) runs the network: onnx and ctranslate2 on the CPU in
+        onnx, aoti or ctranslate2; relmt/export/engines.py) runs the network: the last three on the CPU in
         float32, from an artefact made on first use next to the checkpoint."""
         return cls.from_checkpoints([path], device, precision, compile, engine)
 
@@ -145,8 +145,8 @@ class Translator:
         model = model.to(dev).eval()
         if compile:
             compile_decoding(model)
-        if kind == Engine.onnx:
-            return cls(onnx_model(model, path, checksum), tokenizer, cfg.decode, dev, None, scorer=model)
+        if kind in (Engine.onnx, Engine.aoti):
+            return cls(graph_model(kind, model, path, checksum), tokenizer, cfg.decode, dev, None, scorer=model)
         if kind == Engine.ctranslate2:
             from relmt.export.ctranslate2 import check_exportable
 

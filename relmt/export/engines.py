@@ -1,8 +1,10 @@
 """Which engine runs a checkpoint's network at translation time (issue 33 §2), and where its artefact lives.
 
 - torch: relmt's own modules (eager, or torch.compile'd with compile=true);
-- onnx: the network exported to ONNX and run by onnxruntime (relmt/export/onnx.py); relmt's searches
-  stay in charge, so every decoding option keeps working, and every model exports, per-head tables included;
+- onnx: the network exported to ONNX and run by onnxruntime (relmt/export/onnx.py);
+- aoti: the network compiled ahead of time by AOTInductor (relmt/export/aoti.py; needs a C++ compiler);
+  with onnx and aoti relmt's searches stay in charge (relmt/export/graphs.py), so every decoding option keeps
+  working, and every model exports, per-head tables and every position mode included;
 - ctranslate2: the model converted for CTranslate2 (relmt/export/ctranslate2.py), which also runs its own
   beam search; models with per-head relative tables, or ALiBi, are refused as relmt-export refuses them.
 
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 class Engine(str, Enum):
     torch = "torch"
     onnx = "onnx"
+    aoti = "aoti"
     ctranslate2 = "ctranslate2"
 
 
@@ -70,14 +73,68 @@ def build_artefact(target: Path, write) -> Path:
     return target
 
 
-def onnx_model(model, checkpoint: Path, checksum: str, threads: int = 0):
-    """The checkpoint's model in onnxruntime, exported on first use (relmt.export.onnx)."""
-    from relmt.export.onnx import OnnxModel, export_onnx
+def write_graphs(engine: Engine, model, directory: Path) -> Path:
+    """The graphs of onnx or aoti for `model`, written into `directory`."""
+    if engine == Engine.onnx:
+        from relmt.export.onnx import export_onnx
 
-    target = artefact_dir(checkpoint, Engine.onnx, checksum)
+        return export_onnx(model, directory)
+    from relmt.export.aoti import export_aoti
+
+    return export_aoti(model, directory)
+
+
+def graph_model(engine: Engine, model, checkpoint: Path, checksum: str, threads: int = 0):
+    """The checkpoint's model on the onnx or aoti engine (a relmt.export.graphs.GraphModel), its artefact made
+    on first use."""
+    target = artefact_dir(checkpoint, engine, checksum)
     if not target.is_dir():
-        log.warning("engine=onnx: exporting %s once, to %s", checkpoint, target)
-    return OnnxModel(build_artefact(target, lambda tmp: export_onnx(model, tmp)), threads)
+        log.warning("engine=%s: exporting %s once, to %s", engine.value, checkpoint, target)
+    build_artefact(target, lambda tmp: write_graphs(engine, model, tmp))
+    if engine == Engine.onnx:
+        from relmt.export.onnx import OnnxModel
+
+        return OnnxModel(target, threads)
+    from relmt.export.aoti import AotiModel
+
+    return AotiModel(target)
+
+
+def export_checkpoint(checkpoint_path: str | Path, output_dir: str | Path, engine: Engine, force: bool = False
+                      ) -> Path:
+    """relmt-export format=onnx|aoti: the checkpoint's two graphs, its sentencepiece.model and relmt_export.json
+    (the decode config), written beside `output_dir` and moved into place, so a failed export leaves nothing."""
+    import json
+
+    from relmt import checkpoint
+    from relmt.config import from_dict, to_dict
+    from relmt.data.tokenizer import PAD_ID, Tokenizer
+    from relmt.errors import UserError
+    from relmt.export.decoding import INFO_FILE
+    from relmt.model.transformer import build_model
+
+    out = Path(output_dir)
+    if out.exists() and not force:
+        raise UserError(f"output={out}: already exists (give force=true to replace it)")
+    ck = checkpoint.load(checkpoint_path)
+    cfg = from_dict(ck["config"])
+    tokenizer = Tokenizer("sentencepiece.model", model=ck["spm"]["model"])
+    model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID)
+    checkpoint.load_model_state(model, ck["model"], Path(checkpoint_path))
+
+    def write(tmp: Path) -> None:
+        write_graphs(engine, model, tmp)
+        (tmp / "sentencepiece.model").write_bytes(tokenizer.model_bytes())
+        (tmp / INFO_FILE).write_text(json.dumps({"checkpoint": str(checkpoint_path), "format": engine.value,
+                                                 "decode": to_dict(cfg)["decode"]}, indent=2) + "\n")
+
+    new = out.with_name(f".{out.name}.new")
+    shutil.rmtree(new, ignore_errors=True)
+    build_artefact(new, write)
+    if out.is_dir():  # the old export goes only once the new one is complete (force=true)
+        shutil.rmtree(out)
+    os.replace(new, out)
+    return out
 
 
 class Ct2Model:

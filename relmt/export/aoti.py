@@ -1,0 +1,83 @@
+"""AOTInductor as an inference engine of relmt (issue 33): the network compiled ahead of time into native code by
+PyTorch's own compiler, the search relmt's.
+
+`export_aoti(model, dir)` captures the two graphs of relmt/export/graphs.py with `torch.export` (dynamic batch,
+beam, source and target lengths) and compiles each with `torch._inductor.aoti_compile_and_package` into
+encoder.pt2 and step.pt2, beside aoti.json (the shapes the engine needs). `AotiModel` loads them with
+`torch._inductor.aoti_load_package` and runs them as a `GraphModel`, so every search and decoding option works
+on top of it. The compile needs a C++ compiler (g++ or clang++) and takes tens of seconds per model; the
+packages then run in any process with the same torch version, on the threads torch is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from relmt.errors import UserError
+from relmt.export.graphs import EncoderGraph, GraphModel, StepGraph, examples, shape_of
+from relmt.model.transformer import Transformer
+
+FILES = ("encoder.pt2", "step.pt2", "aoti.json")
+
+
+def check_compiler() -> str:
+    """The C++ compiler inductor will use, or a UserError saying how to get one."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        return get_cpp_compiler()
+    except Exception as e:  # inductor raises its own error types, which differ between versions
+        raise UserError(f"engine=aoti compiles the model with a C++ compiler, and none was found ({e}): install "
+                        "g++ or clang++, or set CXX, or use engine=onnx") from None
+
+
+@torch.no_grad()
+def export_aoti(model: Transformer, directory: str | Path) -> Path:
+    """Compile encoder.pt2 and step.pt2 and write aoti.json into `directory`."""
+    check_compiler()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = model.float().cpu().eval()
+    src, step, encoder_dims, step_dims = examples(model)
+    with warnings.catch_warnings():  # the compiler's deprecation chatter is not the user's business
+        warnings.simplefilter("ignore")
+        for name, module, args, dims in (("encoder", EncoderGraph(model), src, encoder_dims),
+                                         ("step", StepGraph(model), step, step_dims)):
+            program = torch.export.export(module, args, dynamic_shapes=dims)
+            tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
+            os.replace(tmp, directory / f"{name}.pt2")
+    meta = shape_of(model) | {"torch": torch.__version__}
+    (directory / "aoti.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return directory
+
+
+class AotiModel(GraphModel):
+    """Compiled packages loaded in this process, with the interface the searches use of a Transformer."""
+
+    def __init__(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        missing = [f for f in FILES if not (directory / f).is_file()]
+        if missing:
+            raise UserError(f"{directory}: not an AOTInductor export of relmt (missing {', '.join(missing)})")
+        meta = json.loads((directory / "aoti.json").read_text())
+        if meta.get("torch") != torch.__version__:
+            raise UserError(f"{directory}: compiled with torch {meta.get('torch')}, and this is torch "
+                            f"{torch.__version__}: export it again (relmt-export format=aoti)")
+        super().__init__(meta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.encoder = torch._inductor.aoti_load_package(str(directory / "encoder.pt2"))
+            self.step = torch._inductor.aoti_load_package(str(directory / "step.pt2"))
+
+    def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return tuple(self.encoder(src))
+
+    def run_step(self, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return tuple(self.step(*(x.contiguous() for x in inputs)))
