@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from relmt.config import DecodeConfig, EosCandidates, ModelConfig
+from relmt.decode import beam
 from relmt.decode.beam import beam_search, can_stop, length_penalty, max_lengths, merge_finished, topk_candidates
 from relmt.decode.greedy import greedy_decode
 from relmt.decode.search import decode_sources, nbest_search
@@ -38,6 +39,30 @@ def test_topk_candidates_by_hand():
     top, origin, token = topk_candidates(scores, k=3)
     assert top.tolist() == [[-0.25, -0.5, -1.0]]
     assert origin.tolist() == [[1, 0, 0]] and token.tolist() == [[1, 2, 0]]
+
+
+@pytest.mark.parametrize("vocab", [7, 120, 128, 129, 1000, 8000])
+@pytest.mark.parametrize("beams", [1, 2, 4, 5])
+def test_step_candidates_equal_the_plain_top_k_of_the_log_probabilities(vocab, beams):
+    """The chunked search of step_candidates gives what log_softmax, the bans and one top-k over (B, K*V) give:
+    the same tokens and beams, scores to float32 rounding; also with beams not yet alive (-inf, step 0), a
+    vocabulary not a multiple of the chunk, and the best candidates crowded into one chunk."""
+    torch.manual_seed(vocab * 10 + beams)
+    b, k = 6, 2 * beams
+    logits = torch.randn(b * beams, vocab) * 3
+    logits[beams:2 * beams, :k] += 20  # sentence 1: every best candidate in its beams' first chunk
+    alive = torch.randn(b, beams) - 2
+    alive[2, 1:] = float("-inf")  # sentence 2: one live beam, as at step 0
+    for banned in ([0, 2], [0, 2, 3]):
+        lprobs = torch.log_softmax(logits, dim=-1)
+        lprobs[:, banned] = float("-inf")
+        want = topk_candidates(alive[:, :, None] + lprobs.view(b, beams, vocab), k)
+        got = beam.step_candidates(logits.clone(), alive, torch.tensor(banned), k)
+        finite = torch.isfinite(want[0])
+        assert torch.equal(finite, torch.isfinite(got[0]))
+        assert torch.equal(want[1][finite], got[1][finite]) and torch.equal(want[2][finite], got[2][finite])
+        torch.testing.assert_close(got[0][finite], want[0][finite], rtol=0, atol=1e-5)
+        assert not set(got[2][finite].tolist()) & set(banned)
 
 
 def test_merge_finished_keeps_the_best_k():
