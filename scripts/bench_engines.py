@@ -95,6 +95,7 @@ def main() -> None:
                *((f"{n}_speedup", f"{n} speed-up") for n in engines if n != "eager")]
     table = markdown_table(rows, columns)
     made = ", ".join(f"{n} {s:.0f} s" for n, s in build.items() if n != "eager")
+    fastest = "; ".join(f"at {r['sentences']} sentences {min(engines, key=lambda n, r=r: r[f'{n}_ms'])}" for r in rows)
     hw = hardware(torch.device("cpu"))
     print("\n" + table + f"\n\nartefact build time: {made}")
     if args.out:
@@ -107,7 +108,8 @@ def main() -> None:
             f"{args.beam}, {args.source}-token sources, target position {args.position}, vocabulary {args.vocab}: "
             "the median of at least "
             f"{args.repeats} calls and {args.min_seconds} s. Artefact build time (export, or export and compile): "
-            f"{made}.\n\n- command: `{command_line()}`\n- hardware: {hw['cpu']}, {hw['torch_threads']} torch "
+            f"{made}. Fastest: {fastest}.\n\n- command: `{command_line()}`\n"
+            f"- hardware: {hw['cpu']}, {hw['torch_threads']} torch "
             f"threads, torch {hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n\n{table}\n")
 
 
