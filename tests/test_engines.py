@@ -106,6 +106,24 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
 
 # --- one CLI and one API over every engine (issue 33 §2) -------------------------------------------------
 
+def test_an_ensemble_on_the_onnx_engine_decodes_as_on_torch(tmp_path, capsys):
+    """Two checkpoints on engine=onnx: each exported once, mixed by relmt's Ensemble as on engine=torch;
+    ctranslate2, which runs its own search, refuses an ensemble with the reason."""
+    from relmt.cli import _translate, guarded
+    from tests.tiny_checkpoints import write_checkpoint
+
+    spm = toy_tokenizer(tmp_path)
+    cks = [write_checkpoint(tmp_path / f"run{i}", "model.pt", spm, seed=i, model=model_config()) for i in (1, 2)]
+    torch_, onnx = (Translator.from_checkpoints(cks, engine=e) for e in ("torch", "onnx"))
+    options = {"beam": 4, "nbest": 4}
+    for a, b in zip(torch_.hypotheses(SENTENCES, **options), onnx.hypotheses(SENTENCES, **options)):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+    assert all((ck.parent / "model.pt.engines").is_dir() for ck in cks)
+    assert guarded("relmt-translate", _translate, [f"checkpoint=[{cks[0]},{cks[1]}]", "engine=ctranslate2"]) == 2
+    assert "engine=ctranslate2 decodes one checkpoint (its own search" in capsys.readouterr().err
+
+
 def test_engines_from_the_cli_and_the_api(tmp_path, capsys, caplog):
     """engine=onnx and engine=aoti decode what engine=torch does, from an export made once beside the checkpoint
     and reused;

@@ -69,13 +69,15 @@ class Ensemble(nn.Module):
     """N >= 1 models with one vocabulary, decoded as the mean of their probabilities (`mix`)."""
 
     def __init__(self, models: Sequence[Transformer]) -> None:
+        """`models`: relmt's modules, or an engine's stand-ins for them (relmt.export.graphs.GraphModel, which
+        are no nn.Modules and give their vocabulary size as `vocab`)."""
         super().__init__()
         if not models:
             raise ValueError("an ensemble needs at least one model")
-        vocab = {(m.tgt_embed.num_embeddings, m.pad_id) for m in models}
+        vocab = {(m.tgt_embed.num_embeddings if isinstance(m, nn.Module) else m.vocab, m.pad_id) for m in models}
         if len(vocab) > 1:
             raise ValueError(f"the models of an ensemble must share one vocabulary, got (size, pad id) {vocab}")
-        self.models = nn.ModuleList(models)
+        self.models = nn.ModuleList(models) if all(isinstance(m, nn.Module) for m in models) else tuple(models)
         self.pad_id = models[0].pad_id
 
     def encode(self, src: Tensor) -> tuple[EnsembleMemory, Tensor]:

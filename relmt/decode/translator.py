@@ -116,12 +116,14 @@ class Translator:
         dev = resolve_device(device)
         kind = engine_of(engine)
         if kind != Engine.torch:
-            problem = ("decodes one checkpoint (an ensemble runs on engine=torch)" if len(paths) > 1 else
+            problem = ("decodes one checkpoint (its own search; an ensemble runs on engine=torch, onnx or aoti)"
+                       if len(paths) > 1 and kind == Engine.ctranslate2 else
                        f"runs on the CPU (device={device} resolves to {dev})" if dev.type != "cpu" else
                        "is compiled already (compile=true is for engine=torch)" if compile else "")
             if problem:
                 raise UserError(f"engine={kind.value} {problem}")
         models: list[Transformer] = []
+        checksums: list[tuple[Path, str]] = []  # each checkpoint and its checksum, for the engines' artefacts
         for path in paths:
             path = checkpoint.resolve(path)
             ck = checkpoint.load(path)
@@ -134,6 +136,7 @@ class Translator:
             model = build_model(from_dict(ck["config"]).model, tokenizer.vocab_size, PAD_ID)
             checkpoint.load_model_state(model, ck["model"], path)
             models.append(model)
+            checksums.append((path, checksum))
             del ck  # the optimizer state of one checkpoint at a time
         model = models[0] if len(models) == 1 else Ensemble(models)
         chosen = wanted if wanted is not None else cfg.train.precision
@@ -146,7 +149,9 @@ class Translator:
         if compile:
             compile_decoding(model)
         if kind in (Engine.onnx, Engine.aoti):
-            return cls(graph_model(kind, model, path, checksum), tokenizer, cfg.decode, dev, None, scorer=model)
+            graphs = [graph_model(kind, m, p, c) for m, (p, c) in zip(models, checksums)]
+            return cls(graphs[0] if len(graphs) == 1 else Ensemble(graphs), tokenizer, cfg.decode, dev, None,
+                       scorer=model)
         if kind == Engine.ctranslate2:
             from relmt.export.ctranslate2 import check_exportable
 

@@ -124,7 +124,8 @@ class GraphModel:
     training = False
 
     def __init__(self, shape: dict) -> None:
-        self.pad_id, self.layers, self.heads, self.d_head = (shape[k] for k in ("pad_id", "layers", "heads", "d_head"))
+        self.pad_id, self.layers, self.heads, self.d_head, self.vocab = (
+            shape[k] for k in ("pad_id", "layers", "heads", "d_head", "vocab"))
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
