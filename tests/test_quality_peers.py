@@ -97,3 +97,9 @@ def test_the_page_tests_relmt_against_onmt_seed_by_seed(tmp_path):
     assert verdicts[("relmt abs ≥ OpenNMT-py abs", "test_2017_mscoco")] == "held"
     assert {verdicts[("relmt rel ≥ OpenNMT-py rel", s)] for s in SPLITS} == {"not significant"}
     assert "| onmt_rel_s2 | 50 | 2871 | 2871 |" in out.with_suffix(".md").read_text()
+    # issue 30's goal, per test set: relmt's mean >= OpenNMT-py's and no pair with OpenNMT-py significantly ahead
+    goal = {(g["positions"], g["split"]): g for g in json.loads(out.with_suffix(".json").read_text())["goal"]}
+    assert len(goal) == 6 and all(g["met"] == "yes" and g["onmt_ahead"] == "0" and g["pairs"] == "2"
+                                  for g in goal.values())
+    assert all(float(goal["abs", s]["relmt_mean"]) > float(goal["abs", s]["onmt_mean"]) for s in SPLITS)
+    assert all(goal["rel", s]["relmt_mean"] == goal["rel", s]["onmt_mean"] for s in SPLITS)
