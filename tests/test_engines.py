@@ -16,7 +16,7 @@ from relmt.config import DecodeConfig, EosCandidates, Norm, PosKind
 from relmt.decode.translator import Translator
 from relmt.export.aoti import AotiModel, export_aoti
 from relmt.export.onnx import OnnxModel, export_onnx
-from tests.tiny_checkpoints import SENTENCES, model_config, random_model, toy_tokenizer
+from tests.tiny_checkpoints import SENTENCES, TOY, model_config, random_model, toy_tokenizer, train_tiny
 
 pytest.importorskip("onnxruntime")
 ENGINES = {"onnx": lambda model, path: OnnxModel(export_onnx(model, path), threads=1),
@@ -67,24 +67,8 @@ def test_the_engine_decodes_as_eager_relmt(engine, case, tokenizer, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """The tiny preset (per-head relative tables) trained for 300 updates: enough for it to end its outputs
-    with EOS, so that hypotheses of many lengths compete."""
-    from relmt.config import compose
-    from relmt.train.loop import train
-
-    tmp = tmp_path_factory.mktemp("trained")
-    cfg = compose(["model=tiny", "train=debug", "train.max_steps=300", "train.valid_bleu=false",
-                   "train.eval_every=300", "train.save_every=300", "train.log_every=100", "train.warmup_steps=100",
-                   "train.max_padded_tokens=1024", f"data.cache_dir={tmp / 'cache'}", "data.toy.n_train=3000",
-                   "data.toy.n_valid=10", "data.toy.n_test=10", "data.toy.n_test_long=10", "data.toy.max_words=8"])
-    cfg.out_dir = str(tmp / "run")
-    train(cfg)
-    return tmp / "run" / "checkpoints" / "last.pt"
-
-
-TOY = ["the dog saw the cat", "a small red bird sang", "alice said that bob arrived",
-       "the old teachers near the river greeted my cats", "bob ran", "every king quickly kissed some frogs",
-       "my friend admired the green lake"]
+    """The tiny preset (per-head relative tables) trained for 300 updates."""
+    return train_tiny(tmp_path_factory.mktemp("trained"))
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

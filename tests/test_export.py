@@ -24,13 +24,14 @@ import torch
 
 from relmt import checkpoint
 from relmt.cli import _export, guarded
-from relmt.config import Config, DecodeConfig, EosCandidates, LengthNorm, ModelConfig, Norm, PosKind, compose, to_dict
+from relmt.config import Config, DecodeConfig, EosCandidates, LengthNorm, ModelConfig, Norm, PosKind, to_dict
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from relmt.decode.translator import Translator
 from relmt.errors import UserError
 from relmt.export.ctranslate2 import export
 from relmt.export.decoding import translate_options
 from relmt.model.transformer import Transformer, build_model
+from tests.tiny_checkpoints import TOY, train_tiny
 
 WORDS = ("the a my dog cat bird king frog saw chased found ran slept big small red old near river house "
          "alice bob carol and because that quickly said").split()
@@ -168,24 +169,8 @@ def test_translate_options_decode_as_the_checkpoint_does(decode, spm_model, tmp_
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """The tiny model with head-shared relative tables, trained for 300 updates (~15 s on a CPU):
-    enough for it to end its outputs with EOS."""
-    from relmt.train.loop import train
-
-    tmp = tmp_path_factory.mktemp("trained")
-    cfg = compose(["model=tiny", "model.relative_share_heads=true", "train=debug", "train.max_steps=300",
-                   "train.valid_bleu=false", "train.eval_every=300", "train.save_every=300", "train.log_every=100",
-                   "train.warmup_steps=100", "train.max_padded_tokens=1024", f"data.cache_dir={tmp / 'cache'}",
-                   "data.toy.n_train=3000", "data.toy.n_valid=10", "data.toy.n_test=10", "data.toy.n_test_long=10",
-                   "data.toy.max_words=8"])
-    cfg.out_dir = str(tmp / "run")
-    train(cfg)
-    return tmp / "run" / "checkpoints" / "last.pt"
-
-
-TOY = ["the dog saw the cat", "a small red bird sang", "alice said that bob arrived",
-       "the old teachers near the river greeted my cats", "bob ran", "every king quickly kissed some frogs",
-       "my friend admired the green lake"]
+    """The tiny model with head-shared relative tables, trained for 300 updates."""
+    return train_tiny(tmp_path_factory.mktemp("trained"), "model.relative_share_heads=true")
 
 
 @pytest.mark.parametrize("alpha,norm", [(0.0, LengthNorm.gnmt), (0.6, LengthNorm.power), (1.0, LengthNorm.power)])

@@ -55,3 +55,24 @@ def write_checkpoint(directory: Path, name: str, spm: Path, seed: int, model: Mo
                "spm": {"path": str(spm), "sha256": hashlib.sha256(data).hexdigest(), "model": data}, "step": 0}
     checkpoint.save(payload, directory, [name])
     return directory / name
+
+
+# toy sentences for decoding a trained tiny model freely
+TOY = ["the dog saw the cat", "a small red bird sang", "alice said that bob arrived",
+       "the old teachers near the river greeted my cats", "bob ran", "every king quickly kissed some frogs",
+       "my friend admired the green lake"]
+
+
+def train_tiny(directory: Path, *overrides: str) -> Path:
+    """The tiny preset trained for 300 updates on toy data (~15 s on a CPU): enough for it to end its
+    outputs with EOS, so that hypotheses of many lengths compete. Returns the last checkpoint."""
+    from relmt.config import compose
+    from relmt.train.loop import train
+
+    cfg = compose(["model=tiny", *overrides, "train=debug", "train.max_steps=300", "train.valid_bleu=false",
+                   "train.eval_every=300", "train.save_every=300", "train.log_every=100", "train.warmup_steps=100",
+                   "train.max_padded_tokens=1024", f"data.cache_dir={directory / 'cache'}", "data.toy.n_train=3000",
+                   "data.toy.n_valid=10", "data.toy.n_test=10", "data.toy.n_test_long=10", "data.toy.max_words=8"])
+    cfg.out_dir = str(directory / "run")
+    train(cfg)
+    return directory / "run" / "checkpoints" / "last.pt"
