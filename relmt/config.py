@@ -75,6 +75,9 @@ class ModelConfig:
         _check(self.d_model % self.n_heads == 0, "model.n_heads",
                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         _check(self.d_model % 2 == 0, "model.d_model", "must be even (sinusoidal encodings)")
+        _check(self.positions != PosKind.rope or (self.d_model // self.n_heads) % 2 == 0, "model.n_heads",
+               f"positions=rope turns pairs of dimensions, so d_model / n_heads must be even, got "
+               f"{self.d_model}/{self.n_heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             p = getattr(self, name)
             _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")

@@ -62,6 +62,7 @@ def test_positions_override(mode):
     (["model.max_relative_position=-1"], "model.max_relative_position"),
     (["model.n_heads=3"], "model.n_heads"),
     (["model.dropout=1.5"], "model.dropout"),
+    (["model.positions=rope", "model.d_model=12", "model.n_heads=4"], "positions=rope turns pairs"),
 ])
 def test_bad_values_fail_naming_the_key(override, match):
     with pytest.raises(ValueError, match=match):

@@ -179,19 +179,36 @@ def test_rope_in_real_arithmetic_under_compile_equals_the_complex_rotation(monke
     x = torch.randn(2, 5, 3, 8).transpose(1, 2)  # (B, H, n, D), a non-contiguous view like attention's heads
     rotary = Rotary(8).terms(5, 5, 7, x.device, x.dtype).rotary
     eager = rotate(x, rotary)
+    half = x.bfloat16()
+    eager_half = rotate(half, rotary)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     torch.testing.assert_close(rotate(x, rotary), eager, rtol=1e-6, atol=1e-6)
+    # bf16 rotates in float32 on both paths, as eager does: the same bf16 result
+    assert rotate(half, rotary).dtype == torch.bfloat16
+    torch.testing.assert_close(rotate(half, rotary), eager_half, rtol=0, atol=0)
 
 
-def test_alibi_bias_is_kept_per_shape_and_t5_is_recomputed_while_it_learns():
-    """ALiBi's bias has no parameters: computed once per shape, in training too. T5's is learned: afresh while
-    gradients flow (its table changes every update), kept per shape when decoding."""
+def test_bias_is_one_square_per_stack_and_t5_is_recomputed_while_it_learns():
+    """ALiBi's bias has no parameters: one square bias serves every shape, in training too, each pass taking its
+    window (a decode step is one row of it, however long the output). T5's is learned: afresh while gradients
+    flow (its table changes every update), kept when decoding until the table changes."""
     alibi, t5 = ALiBi(4), T5Bias(4, 16, bidirectional=True)
     cpu = torch.device("cpu")
-    assert alibi.terms(5, 5, 0, cpu, torch.float32).bias is alibi.terms(5, 5, 0, cpu, torch.float32).bias
-    assert t5.terms(5, 5, 0, cpu, torch.float32).bias is not t5.terms(5, 5, 0, cpu, torch.float32).bias
+
+    def storage(module, *shape):
+        terms = module.terms(*shape, cpu, torch.float32).bias
+        torch.testing.assert_close(terms, module.bias(*shape, cpu), rtol=0, atol=0)  # the window is the bias
+        return terms.untyped_storage().data_ptr()
+
+    first = storage(alibi, 5, 5, 0)
+    assert all(storage(alibi, 1, t + 1, t) == first for t in range(8))  # decode steps: windows of one tensor
+    assert all(storage(alibi, *shape) == first for shape in [(3, 3, 0), (8, 8, 0), (2, 6, 4)])
+    longer = storage(alibi, 1, 201, 200)  # a longer pass grows it once ...
+    assert all(storage(alibi, 1, t + 1, t) == longer for t in range(150, 200))  # ... and then every step hits
+    assert storage(t5, 5, 5, 0) != storage(t5, 5, 5, 0)  # while it learns
     with torch.no_grad():
-        assert t5.terms(5, 5, 0, cpu, torch.float32).bias is t5.terms(5, 5, 0, cpu, torch.float32).bias
-        kept = t5.terms(5, 5, 0, cpu, torch.float32).bias
+        kept = storage(t5, 5, 5, 0)
+        assert storage(t5, 1, 4, 3) == storage(t5, 2, 2, 0) == kept
+        before = t5.terms(5, 5, 0, cpu, torch.float32).bias.clone()
         t5.table.weight.add_(1.0)  # an update: the version changes, and with it the kept bias
-        assert not torch.equal(t5.terms(5, 5, 0, cpu, torch.float32).bias, kept)
+        assert not torch.equal(t5.terms(5, 5, 0, cpu, torch.float32).bias, before)

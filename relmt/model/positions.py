@@ -140,12 +140,12 @@ def rotate(x: Tensor, rotary: tuple[Tensor, Tensor] | None) -> Tensor:
     if rotary is None:
         return x
     cos, sin = rotary
-    if torch.compiler.is_compiling():
-        pairs = x.unflatten(-1, (-1, 2))
-        a, b = pairs[..., 0], pairs[..., 1]
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    if torch.compiler.is_compiling():
+        pairs = work.unflatten(-1, (-1, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        cos, sin = cos.to(work.dtype), sin.to(work.dtype)
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).to(x.dtype)
     pairs = work.unflatten(-1, (-1, 2))
     if pairs.storage_offset() % 2 or any(stride % 2 for stride in pairs.stride()[:-1]):
         pairs = pairs.contiguous()  # view_as_complex needs whole complex numbers in memory
@@ -178,15 +178,17 @@ def distances(n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
 
 
 class _CachedBias(nn.Module):
-    """A bias that depends on (n, m, q_offset) alone, kept per shape (the a^K route's per-length reuse):
-    validation and decoding ask for the same shapes again and again, and so does training when the bias
-    has no parameters (ALiBi). A learned bias (T5) is computed afresh while gradients flow."""
-
-    CACHED = 64  # shapes kept; the oldest goes first
+    """A bias that depends on the distance j - i alone, so the bias of n queries from q_offset against m
+    keys is the window [q_offset:q_offset + n, :m] of one square (H, L, L) bias: one tensor per stack,
+    grown (to the next power of two) when a longer pass comes, serves every shape (the a^K route's
+    per-length reuse). Validation and decoding ask for it again and again, and so does training when the
+    bias has no parameters (ALiBi). A learned bias (T5) is computed afresh while gradients flow, and kept
+    only until its table changes."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._cache: dict[tuple, Tensor] = {}
+        self._square: Tensor | None = None
+        self._key: tuple = ()
 
     def bias(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
         raise NotImplementedError
@@ -195,12 +197,12 @@ class _CachedBias(nn.Module):
         learned = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         if learned or torch.compiler.is_compiling():
             return PositionTerms(bias=self.bias(n, m, q_offset, device).to(dtype))
-        key = (n, m, q_offset, device, dtype, *(p._version for p in self.parameters()))
-        if (hit := self._cache.get(key)) is None:
-            if len(self._cache) >= self.CACHED:
-                del self._cache[next(iter(self._cache))]
-            hit = self._cache[key] = self.bias(n, m, q_offset, device).to(dtype)
-        return PositionTerms(bias=hit)
+        need = max(q_offset + n, m)
+        key = (device, dtype, *(p._version for p in self.parameters()))
+        if self._square is None or self._key != key or self._square.shape[-1] < need:
+            size = 1 << max(need - 1, 1).bit_length()
+            self._square, self._key = self.bias(size, size, 0, device).to(dtype), key
+        return PositionTerms(bias=self._square[:, q_offset:q_offset + n, :m])
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
