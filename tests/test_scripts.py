@@ -319,6 +319,16 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
     claims = (tmp_path / "out" / "claims.md").read_text()
     assert "From: [multi30k.md](multi30k.md) (2 of 3 runs)." in claims
     assert "| [multi30k](multi30k.md) | rel ≥ abs | multi30k_text | test | **" in claims
+    # --only: the named reports alone; the others' pages stay as they are and claims.md says so
+    before = md
+    again = run_script("reproduction_reports.py", "--queues", str(queues), "--out", str(tmp_path / "out"),
+                       "--multi30k", str(tmp_path / "refs"), "--only", "positions", "length").stdout
+    assert "positions: no finished run" in again and "multi30k:" not in again
+    assert (tmp_path / "out" / "multi30k.md").read_text() == before
+    assert "From: [multi30k.md](multi30k.md) (as committed)." in (tmp_path / "out" / "claims.md").read_text()
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduction_reports.py"), "--queues", str(queues),
+                          "--only", "positons"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "no report named positons" in bad.stderr
 
 
 def test_claims_table_escapes_pipes_in_its_cells(tmp_path):
