@@ -233,3 +233,25 @@ def test_rope_alibi_and_t5_are_tested_against_abs_and_rel(tmp_path):
     assert verdicts[("rope ≥ rel", "test")] == "not significant"
     assert verdicts[("rope ≥ rel", "test_2017_mscoco")] == "held"  # rel corrupts mscoco by design
     assert not any("alibi" in name for name, _ in verdicts)  # no runs, no claims
+
+
+def test_each_position_kind_gets_its_training_speed_and_the_cpu_it_ran_on(tmp_path):
+    """Issue 31 §5 asks for each method's training tokens/s: from metrics.json, with the CPU its host entry
+    names (runs from before relmt recorded it say so)."""
+    speeds = {("abs", 1): (3000.0, "CPU A"), ("abs", 2): (4000.0, "CPU B"), ("rope", 1): (5000.0, None)}
+    for (positions, seed), (speed, cpu) in speeds.items():
+        run = write_run(tmp_path / "runs" / f"{positions}_s{seed}", config(seed, positions), {"test": {"bleu": 30.0}})
+        metrics = json.loads((run / "metrics.json").read_text())
+        metrics["tokens_per_s"] = speed
+        if cpu:
+            metrics["host"] = {"cpu": cpu}
+        (run / "metrics.json").write_text(json.dumps(metrics))
+    write_run(tmp_path / "runs" / "rel_s1", config(1, "rel"), {"test": {"bleu": 30.0}})  # no speed: no row
+    out = tmp_path / "out"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path / "runs"), "--out", str(out), "--name", "p"]) == 0
+    md = (out / "p.md").read_text()
+    section = md[md.index("### Training speed"):]
+    assert "| abs | 2 | 3,500 ± 707 | 1 | CPU A (1); CPU B (1) |" in section
+    assert "| rope | 1 | 5,000 ± 0 | 1 | not recorded (1) |" in section
+    assert "| rel |" not in section.split("\n\n##")[0]

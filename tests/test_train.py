@@ -186,6 +186,9 @@ def test_train_writes_every_artifact(tmp_path):
     for key in ("final_valid", "best", "steps", "wall_seconds", "tokens_per_s", "params", "test"):
         assert key in saved
     assert saved["test_seconds"] > 0  # the final test decoding's time, which wall_seconds leaves out
+    from relmt.host import cpu_model
+
+    assert saved["host"]["cpu"] == cpu_model()  # what tokens_per_s was measured on
     assert saved["test_checkpoint_rule"] == "best" and saved["test_checkpoint"].endswith("best.pt")
     assert set(saved["test"]) == {"test", "test_long"}
     assert "BLEU" in saved["test"]["test"]["signature"] or "tok:13a" in saved["test"]["test"]["signature"]

@@ -4,13 +4,13 @@ from collections import Counter
 
 from relmt.host import host
 from relmt.report import paper
-from relmt.report.aggregate import key, seeds_of, tok
+from relmt.report.aggregate import aggregate, key, seeds_of, tok
 from relmt.report.build import Report
 from relmt.report.claims import Claim
 from relmt.report.controls import md_controls, md_stages
 from relmt.report.curves import best, sampled
 from relmt.report.repeats import md_repeats, repeats_table
-from relmt.report.tables import TOKENIZED, Group, k_sweep
+from relmt.report.tables import TOKENIZED, Group, k_sweep, positions_runs
 from relmt.report.text import DASH, PAIR_HEADER, fmt, md_table, pair_cells, plural, yes_no
 from relmt.report.verdicts import RULES
 
@@ -204,6 +204,27 @@ def md_curves(group: Group, name: str) -> str | None:
             + md_table(["update", *curves["columns"]], rows))
 
 
+def md_speed(group: Group) -> str | None:
+    """Each position kind's training speed (target tokens per second of update steps, from metrics.json),
+    with the threads and the CPU it ran on where the run recorded them."""
+    runs = [r for r in positions_runs(group) if r.tokens_per_s]
+    if not runs:
+        return None
+    rows = []
+    for kind in [p for p in paper.POSITIONS if any(r.positions == p for r in runs)]:
+        members = [r for r in runs if r.positions == kind]
+        stat = aggregate(r.tokens_per_s for r in members)
+        rows.append([kind, str(stat.n), f"{stat.mean:,.0f} ± {stat.std:,.0f}",
+                     ", ".join(sorted({str(r.threads or "default") for r in members})),
+                     "; ".join(f"{cpu} ({n})" for cpu, n in Counter(r.cpu or "not recorded" for r in members).items())])
+    return ("### Training speed\n\n"
+            "Target tokens per second of update steps (validation excluded), mean ± std over the runs of the "
+            "positions comparison. These runs ran in different sessions, each beside another run on the same "
+            "cores, and the CPU can differ between sessions: a paired measurement of the modes' step times is "
+            "`scripts/bench_train.py --positions ...`.\n\n"
+            + md_table(["positions", "runs", "target tok/s", "train.num_threads", "CPU (runs)"], rows))
+
+
 def md_about(group: Group) -> str:
     """Runs, seeds, beams, k_default, guessed presets and wall time, in one paragraph."""
     beams = sorted({r.beam for r in group.runs if r.beam is not None})
@@ -236,6 +257,7 @@ def md_group(group: Group, report: Report, name: str) -> str:
     parts = [f"## {group.data}{pair}, {group.model} model (d_model {group.runs[0].d_model}{cutoff})", md_about(group),
              md_signatures(group), *md_tables(group), md_significance(group, report), md_repeats(repeats_table(group)),
              md_length(group.tables["length"]) if group.tables["length"] else None, md_curves(group, name),
+             md_speed(group),
              md_stages(group.stages), md_controls(group.controls)]
     if not any(group.tables.values()):
         parts.append("No run of this group fits any table.")

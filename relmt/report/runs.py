@@ -49,6 +49,8 @@ class Run:
     wall_seconds: float | None = None
     train_seconds: float | None = None  # time in update steps, summed over resumed sessions
     test_seconds: float | None = None  # the final test decoding and scoring
+    tokens_per_s: float | None = None  # target tokens per second of update steps
+    cpu: str | None = None  # the machine metrics.json names (runs from before relmt stored it: None)
     device: str | None = None
     threads: int | None = None
     updates: int | None = None  # train.max_steps
@@ -175,7 +177,8 @@ def load_run(path: Path) -> Run:
                source_splits={str(k): str(v) for k, v in (data.get("splits") or {}).items()},
                train_max_words=train_max_words(data), curve=read_curve(path / "metrics.jsonl"),
                wall_seconds=metrics.get("wall_seconds"), train_seconds=metrics.get("train_seconds"),
-               test_seconds=metrics.get("test_seconds"), device=train.get("device"),
+               test_seconds=metrics.get("test_seconds"), tokens_per_s=metrics.get("tokens_per_s"),
+               cpu=(metrics.get("host") or {}).get("cpu"), device=train.get("device"),
                threads=train.get("num_threads"), updates=train.get("max_steps"),
                frozen=tuple(str(p) for p in train.get("freeze") or ()),
                signatures={m: tuple(sorted({str(r[k]) for r in results if r.get(k)})) for m, k in SIGNATURES.items()},
