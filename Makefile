@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: train test test-fast lint
+.PHONY: train test test-fast test-exhaustive test-all lint
 
 # torch is pinned and installed first: a CPU wheel of 2.13.0 lies on these machines, while a bare
 # `torch` requirement would pull a multi-GB CUDA build. pyproject.toml keeps torch>=2.3.
@@ -19,11 +19,19 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(VENV)/bin/relmt-train
 
+# make test: every test but the exhaustive sweeps (under 15 minutes on 2 cores); test-fast also leaves out
+# the slow end-to-end runs; test-exhaustive runs the sweeps alone, test-all everything.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not exhaustive"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not exhaustive"
+
+test-exhaustive: $(STAMP)
+	$(PY) -m pytest -m exhaustive
+
+test-all: $(STAMP)
+	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check relmt scripts tests

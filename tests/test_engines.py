@@ -3,7 +3,8 @@ AOTInductor decode as eager relmt does, token for token, with scores within 1e-4
 norm, on random models and on a trained one; one CLI and one API choose the engine.
 
 An AOTInductor compile takes 20-40 s, so make test compiles three models (t5, the trained per-head model and
-the CLI's); the other ten configurations are marked slow (pytest -m slow tests/test_engines.py)."""
+the CLI's); the other ten configurations and relmt-export format=aoti are marked exhaustive, a sweep make test
+leaves out (make test-exhaustive runs it)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,11 @@ def tokenizer(tmp_path_factory):
     return Tokenizer(toy_tokenizer(tmp_path_factory.mktemp("spm")))
 
 
-def slow_unless(keep: bool):
-    return () if keep else (pytest.mark.slow,)
+def exhaustive_unless(keep: bool):
+    return () if keep else (pytest.mark.exhaustive,)
 
 
-@pytest.mark.parametrize("engine,case", [pytest.param(e, c, marks=slow_unless(e == "onnx" or c == "t5"))
+@pytest.mark.parametrize("engine,case", [pytest.param(e, c, marks=exhaustive_unless(e == "onnx" or c == "t5"))
                                          for e in ENGINES for c in CASES])
 def test_the_engine_decodes_as_eager_relmt(engine, case, tokenizer, tmp_path):
     model = random_model(model_config(**CASES[case]), tokenizer.vocab_size, seed=3).eval()
@@ -159,7 +160,7 @@ def test_engines_from_the_cli_and_the_api(tmp_path, capsys, caplog):
     assert (tmp_path / "exported" / "sentencepiece.model").is_file()
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_relmt_export_format_aoti(tmp_path):
     from relmt.cli import _export, guarded
     from tests.tiny_checkpoints import write_checkpoint
