@@ -87,7 +87,8 @@ def claim_rows(name: str, doc: dict) -> list[list[str]]:
     """[claim, data, test set, verdict, measured] for every claim of a report's JSON."""
     items = [(g["data"], c) for g in doc.get("groups", []) for c in g.get("claims", [])]
     if "length" in doc:  # a length report's one claim per group lives under "length"
-        items = [(i["group"], i["claim"]) for i in doc.get("length", []) if i.get("claim")]
+        items = [(i["group"], c) for i in doc.get("length", [])  # "claim": one, in reports made before issue 31
+                 for c in i.get("claims") or ([i["claim"]] if i.get("claim") else [])]
     rows = []
     for data, c in items:
         measured = ", ".join(f"{k} {v:.2f}" for k, v in c["measured"].items())

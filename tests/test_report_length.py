@@ -78,7 +78,7 @@ def test_length_report_marks_unseen_buckets_tests_them_and_plots(tmp_path, refs)
     assert f"rel − abs per seed pair with its 95% interval: seed 1 {100 - abs1_bleu:+.2f} [+" in md
     doc = json.loads((out / "length.json").read_text())
     (item,) = doc["length"]
-    assert (item["train_max_words"], item["claim"]["verdict"]) == (15, "held")
+    assert (item["train_max_words"], item["claims"][0]["verdict"]) == (15, "held")
     assert [r["seen_in_training"] for r in item["table"]["rows"]] == ["yes", "partly", "no", "no"]
     png = (out / "length_buckets.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 5000 and "](length_buckets.png)" in md
@@ -110,7 +110,7 @@ def test_not_significant_when_rel_leads_by_one_sentence(tmp_path, refs):
                      "--refs", str(folder), "--bootstrap-samples", "300"])
     assert "(trained on sources of at most 15 words: the runs' config)" in md
     doc = json.loads((tmp_path / "out" / "length.json").read_text())
-    assert doc["length"][0]["claim"]["verdict"] == "not significant"
+    assert doc["length"][0]["claims"][0]["verdict"] == "not significant"
 
 
 def test_unknown_cutoff_marks_nothing_and_checks_no_claim(tmp_path, refs):
@@ -182,3 +182,32 @@ def test_single_k_gets_no_k_plot_and_a_stale_one_is_removed(tmp_path, refs):
     md = run_report([str(tmp_path / "runs"), "--out", str(out), "--name", "single", "--kind", "tables"])
     assert not (out / "single_k.png").exists() and (out / "single_length.png").is_file()
     assert "No plot of BLEU against k: these runs hold a single k." in md and "](single_k.png)" not in md
+
+
+def test_each_later_method_is_judged_against_abs_and_rel_on_the_unseen_lengths(tmp_path, refs):
+    """Issue 31: rope, alibi and t5 each get a verdict against abs and against rel on the sentences longer than
+    training. Here rope translates as rel does: ahead of abs there (held), level with rel (not significant)."""
+    import shutil
+
+    import yaml
+
+    folder, texts = refs
+    fabricate_length(tmp_path / "runs", texts, train_max_src_words=15)
+    for seed in (1, 2):
+        rope = tmp_path / "runs" / f"rope_s{seed}"
+        shutil.copytree(tmp_path / "runs" / f"rel_s{seed}", rope)
+        cfg = yaml.safe_load((rope / "config.yaml").read_text())
+        cfg["model"]["positions"] = "rope"
+        (rope / "config.yaml").write_text(yaml.safe_dump(cfg))
+    md = run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "length",
+                     "--refs", str(folder), "--bootstrap-samples", "300"])
+    header = "| source words | sentences | seen in training | abs | rel | both | rope |"
+    assert row(md, "source words").startswith(header)
+    doc = json.loads((tmp_path / "out" / "length.json").read_text())
+    verdicts = {c["name"]: c["verdict"] for c in doc["length"][0]["claims"]}
+    assert verdicts == {"rel ≥ abs on sentences longer than any in training": "held",
+                        "rope ≥ abs on sentences longer than any in training": "held",
+                        "rope ≥ rel on sentences longer than any in training": "not significant"}
+    assert "- **rope ≥ rel on sentences longer than any in training** (BLEU by length, multi30k_len15, mmt_tiny " \
+           "model): not significant. Criterion: rope − rel above 0 on the sentences longer than training (> 15 " \
+           "words) pooled (held), below 0 (did not hold), each by its 95% interval;" in md

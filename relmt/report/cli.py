@@ -58,7 +58,7 @@ def report_json(report: Report) -> dict:
            "verdict_rules": RULES, "groups": groups}
     if "length" in report.extra:
         doc["length"] = [{"group": i.group.name, "train_max_words": i.max_words, "source": i.source,
-                          "table": i.table, "significance": i.significance, "claim": i.claim}
+                          "table": i.table, "significance": i.significance, "claims": i.claims}
                          for i in report.extra["length"]]
     return jsonable(doc)
 
