@@ -1,7 +1,8 @@
 """The length-generalisation report: BLEU by source length for abs, rel and both (and rope, alibi and t5 where
 they ran), the buckets longer than any training sentence marked (the argument of Shaw et al. 2018 §3.2 for
-clipping), and a verdict on those sentences for rel against abs and for each later method against abs and rel. The cutoff N comes from
-the runs' config (data.train_max_src_words, the toy corpus's max_words) or --train-max-words N | DATA=N."""
+clipping), and a verdict on those sentences for rel against abs and for each later method against abs and rel.
+The cutoff N comes from the runs' config (data.train_max_src_words, the toy corpus's max_words) or
+--train-max-words N | DATA=N."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
