@@ -13,7 +13,9 @@
 # non-# line is `NAME OVERRIDES...`, one run. A run whose metrics.json says completed is done and
 # skipped; one with a checkpoint (last.pt or step_N.pt) is resumed (train.resume=true). When a run
 # finishes, its metrics.json, config.yaml, train.log, metrics.jsonl and translations/ are copied to
-# KEEP/NAME/, ready to commit.
+# KEEP/NAME/, ready to commit. Two queues can run side by side on one queue file (say, two lanes
+# that each finish their own queue first): each run is locked while it trains, and the other queue
+# passes over it.
 # DATA (default ../shared/data/multi30k, this project's machines) replaces @DATA in the queue.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +49,12 @@ run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kep
     read -ra overrides <<< "${1#* }"
     [[ $1 == "$name" ]] && overrides=()
     dir="$out/$name"
+    # two queues may share runs (two lanes draining one queue): a run another live queue holds is its
+    # business; the lock goes with the process that holds it, so a killed queue leaves none behind
+    exec {lock}> "$dir.lock"
+    if ! flock -n "$lock"; then
+        echo "$(date +%H:%M:%S) skipped $name: another queue is running it"; return 0
+    fi
     # an interrupted run writes metrics.json too (status interrupted): only a completed one is done
     if [[ -f $dir/metrics.json ]] && grep -q '"status": "completed"' "$dir/metrics.json"; then
         echo "done already: $name"; return 0

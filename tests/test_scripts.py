@@ -199,6 +199,25 @@ def test_run_queue_names_a_bad_threads_line(tmp_path):
     assert not (tmp_path / "runs" / "a_s1").exists()
 
 
+def test_run_queue_passes_over_a_run_another_queue_is_running(tmp_path):
+    """Two lanes may drain one queue: a run whose lock another live process holds is skipped, not run twice."""
+    import fcntl
+
+    queue = tmp_path / "q.txt"
+    queue.write_text(f"out: {tmp_path / 'runs'}\nkeep: {tmp_path / 'kept'}\ncommon: model=tiny data.toy.n_train=50 "
+                     f"data.toy.n_valid=5 data.toy.n_test=5 data.toy.n_test_long=5 data.cache_dir={tmp_path / 'cache'}"
+                     "\na_s1 seed=1\n")
+    (tmp_path / "runs").mkdir()
+    env = {"BIN": str(Path(sys.executable).parent), "PATH": "/usr/bin:/bin"}
+    with open(tmp_path / "runs" / "a_s1.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other lane, training a_s1
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "run_queue.sh"), str(queue)], capture_output=True,
+                              text=True, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "skipped a_s1: another queue is running it" in done.stdout and "start a_s1" not in done.stdout
+    assert not (tmp_path / "runs" / "a_s1").exists()
+
+
 def test_toy_corpus_writes_the_splits_the_toy_runs_translate(tmp_path):
     from relmt.data.toy import generate
 
