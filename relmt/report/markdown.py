@@ -219,8 +219,8 @@ def md_speed(group: Group) -> str | None:
                      "; ".join(f"{cpu} ({n})" for cpu, n in Counter(r.cpu or "not recorded" for r in members).items())])
     return ("### Training speed\n\n"
             "Target tokens per second of update steps (validation excluded), mean ± std over the runs of the "
-            "positions comparison. These runs ran in different sessions, each beside another run on the same "
-            "cores, and the CPU can differ between sessions: a paired measurement of the modes' step times is "
+            "positions comparison. Runs may come from different sessions, with other work on the same cores, and "
+            "the CPU can differ between sessions (the last column): a paired measurement of the modes' step times is "
             "`scripts/bench_train.py --positions ...`.\n\n"
             + md_table(["positions", "runs", "target tok/s", "train.num_threads", "CPU (runs)"], rows))
 
