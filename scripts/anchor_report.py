@@ -19,6 +19,7 @@ import json
 import re
 from pathlib import Path
 
+import yaml
 from sacrebleu.metrics import BLEU
 
 from relmt.data.sources import read_lines
@@ -54,7 +55,7 @@ def run_rows(runs: Path, multi30k: Path) -> list[dict]:
     rows = []
     for run in sorted(p for p in runs.iterdir() if (p / "metrics.json").is_file()) if runs.is_dir() else []:
         metrics = json.loads((run / "metrics.json").read_text())
-        positions = (run / "config.yaml").read_text().split("positions:")[1].split()[0]
+        positions = yaml.safe_load((run / "config.yaml").read_text())["model"]["positions"]
         row = {"run": run.name, "positions": positions, "status": metrics.get("status"),
                "steps": metrics.get("steps"), "hours": (metrics.get("wall_seconds") or 0) / 3600}
         for split in SPLITS:
