@@ -26,7 +26,7 @@ from relmt.bench import command_line, hardware, markdown_table, write_json
 from relmt.data.sources import read_lines
 from relmt.data.tokenizer import train_tokenizer
 
-WMT14_EN_DE_PAIRS = 4_508_785  # wmt/wmt14 de-en train (PAPER.md, data sources)
+WMT14_EN_DE_PAIRS = 4_508_785  # wmt/wmt14 de-en train (the Hugging Face dataset card)
 WMT14_SPM_SENTENCES = 4_000_000  # spm_input_sentence_size in configs/data/wmt14_en_de.yaml
 
 

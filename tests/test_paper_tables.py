@@ -290,7 +290,7 @@ def test_groups_by_data_and_model_with_their_paper_cells(tmp_path, capsys):
     assert "The paper reports the last checkpoint, no averaging." in ende and "Not the paper's rule" not in ende
     enfr = section(md, "## wmt14_en_fr (EN-FR), big model (d_model 1024)")
     assert "k_default = 8" in enfr and table_row(enfr, "rel").endswith("| 40.50 ± 0.00 (1) | 41.5 |")
-    assert "PAPER.md states this convention for EN-DE (t2t's get_ende_bleu.sh) and not for EN-FR" in enfr
+    assert "tensor2tensor states this convention for EN-DE (its get_ende_bleu.sh) and not for EN-FR" in enfr
     assert "the test columns score averaged" in enfr and "The paper reports the average of the last 20" in enfr
     assert "Not the paper's rule" not in enfr and "EN-FR" not in ende.split("### Table 1")[1]
     small = section(md, "## wmt_t2t_en_de (EN-DE), small model (d_model 256)")

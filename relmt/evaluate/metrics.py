@@ -1,6 +1,6 @@
 """Translation quality of hypotheses against references: pure functions of text, no model.
 
-The figures, each labelled (PAPER.md, BLEU conventions):
+The figures, each labelled:
 - sacreBLEU: detokenized text, tokenizer 13a, with its signature (the standard; Post 2018);
 - chrF, with its signature;
 - paper-comparable tokenized BLEU: Moses-tokenize hypothesis and reference (sacremoses), split
@@ -63,9 +63,9 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: 
     """BLEU on Moses tokens (`tokenize='none'`), as papers computed it before sacreBLEU.
 
     The default is the paper-comparable EN-DE figure: Moses tokenization + compound splitting
-    (PAPER.md). `lowercase=True, compound_split=False` is the lowercased tokenized BLEU that most
-    Multi30k papers print (multi-bleu.perl on lowercased Moses tokens). A language Moses does not
-    know tokenizes as English (`moses_lang`); the label names the one used."""
+    (tensor2tensor's get_ende_bleu.sh). `lowercase=True, compound_split=False` is the lowercased
+    tokenized BLEU that most Multi30k papers print (multi-bleu.perl on lowercased Moses tokens). A
+    language Moses does not know tokenizes as English (`moses_lang`); the label names the one used."""
     lang = moses_lang(lang)
     moses = MosesTokenizer(lang=lang)
 

@@ -91,11 +91,11 @@ def md_notes(group: Group, table: dict) -> str:
     side = table["beside_paper"]
     labels = "; ".join(f"`{label}`" for label in side["labels"]) or "Moses + compound splitting, tokenize=none"
     metric = (f"Metric: the relmt BLEU columns are sacreBLEU (detokenized, tokenizer 13a). Beside the paper's "
-              f"column is **{side['split']} {TOKENIZED}**, the paper-comparable metric (PAPER.md, BLEU conventions: "
-              "the paper does not name its BLEU; this is t2t's EN-DE convention, about 0.7 above sacreBLEU on "
+              f"column is **{side['split']} {TOKENIZED}**, the paper-comparable metric (the paper "
+              "does not name its BLEU; this is t2t's EN-DE convention, about 0.7 above sacreBLEU on "
               f"one published model), computed as {labels}.")
     if group.pair == "EN-FR":
-        metric += (" PAPER.md states this convention for EN-DE (t2t's get_ende_bleu.sh) and not for EN-FR; relmt "
+        metric += (" tensor2tensor states this convention for EN-DE (its get_ende_bleu.sh) and not for EN-FR; relmt "
                    "uses it for EN-FR too, as fairseq's EN-FR figures (compound-split) do.")
     if side["scored"] and not side["with_metric"]:
         metric += (f" No run here has {TOKENIZED} (a metrics.json from before relmt stored it), so that column "

@@ -15,7 +15,7 @@ TABLE1 = {("base", "EN-DE"): {"abs": 26.5, "rel": 26.8}, ("big", "EN-DE"): {"abs
 TABLE2 = {0: 12.5, 1: 25.5, 2: 25.8, 4: 25.9, 16: 25.8, 64: 25.9, 256: 25.8}
 # Table 3: base model, EN-DE newstest2013 BLEU; keys are (a^K on, a^V on), in the order of the rows.
 TABLE3 = {(True, True): 25.8, (True, False): 25.8, (False, True): 25.3, (False, False): 12.5}
-# The checkpoint the paper reports (PAPER.md, Setup): the base model's last one, no averaging; the big
+# The checkpoint the paper reports (Shaw et al. §4.1): the base model's last one, no averaging; the big
 # model's average of its last 20. Tables 2 and 3 are base-model tables.
 RULE = {"base": "last", "big": "averaged"}
 RULE_TEXT = {"best": "best (the checkpoint with the best validation score)",
@@ -28,7 +28,7 @@ PAPER_RULE_TEXT = {"last": "the last checkpoint, no averaging",
 # last update is done), so the valid columns always score the last checkpoint.
 VALID_RULE = "last"
 
-# The paper's findings as differences, for data sets it has no numbers for (PAPER.md, Results).
+# The paper's findings as differences, for data sets it has no numbers for (Shaw et al. Table 1, §4.2 and Table 3).
 TABLE1_DIFFERENCES = ("rel − abs = +0.3 BLEU (base) and +1.3 (big) on WMT14 EN-DE newstest2014; "
                       "+0.5 (base) and +0.3 (big) on EN-FR")
 BOTH_FINDING = "abs + rel (\"both\") gave no further gain over rel (§4.2; no number given)"

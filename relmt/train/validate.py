@@ -77,7 +77,7 @@ def translate_split(model: Transformer, corpus: Corpus, split: str, cfg: DecodeC
 
     Scores, flat so that every number can be logged: sacreBLEU ("bleu", "signature"), chrF ("chrf",
     "chrf_signature") and, with `tokenized`, the paper-comparable tokenized BLEU ("tokenized_bleu",
-    "tokenized_signature", "tokenized_label"; PAPER.md, BLEU conventions) and the lowercased tokenized
+    "tokenized_signature", "tokenized_label"; tensor2tensor's get_ende_bleu.sh convention) and the lowercased tokenized
     BLEU of the Multi30k literature ("lowercased_bleu", "lowercased_label"). Decoding dominates the
     cost; the Moses tokenization of the tokenized BLEU adds a few percent, so it is on by default,
     also for validation: Tables 2 and 3 of the paper report validation (newstest2013) BLEU.
