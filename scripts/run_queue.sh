@@ -10,12 +10,12 @@
 # QUEUE is a text file (see scripts/queues/): `common: OVERRIDES...` lines give overrides for every
 # run, `out: DIR` and `keep: DIR` where runs and their kept artifacts go, `threads: N` the threads of
 # each run (default 1; JOBS then defaults to the cores divided by N), and every other non-empty,
-# non-# line is `NAME OVERRIDES...`, one run. A run whose metrics.json says completed is done and
-# skipped; one with a checkpoint (last.pt or step_N.pt) is resumed (train.resume=true). When a run
-# finishes, its metrics.json, config.yaml, train.log, metrics.jsonl and translations/ are copied to
-# KEEP/NAME/, ready to commit. Two queues can run side by side on one queue file (say, two lanes
-# that each finish their own queue first): each run is locked while it trains, and the other queue
-# passes over it.
+# non-# line is `NAME OVERRIDES...`, one run. A run whose metrics.json says completed, in OUT or in
+# KEEP (committed by an earlier machine), is done and skipped; one with a checkpoint (last.pt or
+# step_N.pt) is resumed (train.resume=true). When a run finishes, its metrics.json, config.yaml,
+# train.log, metrics.jsonl and translations/ are copied to KEEP/NAME/, ready to commit. Two queues
+# can run side by side on one queue file (say, two lanes that each finish their own queue first):
+# each run is locked while it trains, and the other queue passes over it.
 # DATA (default ../shared/data/multi30k, this project's machines) replaces @DATA in the queue.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +58,12 @@ run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kep
     # an interrupted run writes metrics.json too (status interrupted): only a completed one is done
     if [[ -f $dir/metrics.json ]] && grep -q '"status": "completed"' "$dir/metrics.json"; then
         echo "done already: $name"; return 0
+    fi
+    # a run kept in git is done too: a fresh machine has no runs/, and training it again would
+    # overwrite the committed artifacts with another run's (KEEP_AGAIN=1 trains it anyway)
+    if [[ -z ${KEEP_AGAIN:-} && -f $keep/$name/metrics.json ]] \
+        && grep -q '"status": "completed"' "$keep/$name/metrics.json"; then
+        echo "kept already: $name ($keep/$name; KEEP_AGAIN=1 trains it again)"; return 0
     fi
     # any checkpoint means a run to resume (one cut off before last.pt resumes from its step_N.pt)
     if [[ -f $dir/checkpoints/last.pt ]] || compgen -G "$dir/checkpoints/step_*.pt" > /dev/null; then

@@ -118,7 +118,8 @@ def fake_bin(tmp_path: Path) -> Path:
 
 def test_run_queue_resumes_a_run_with_a_checkpoint_and_skips_only_completed_ones(tmp_path):
     """An interrupted run writes metrics.json too (status interrupted): the queue must resume it, as
-    it must a run cut off between its first step_N.pt and last.pt."""
+    it must a run cut off between its first step_N.pt and last.pt. A completed run kept in git is done
+    even where runs/ is gone (a fresh machine)."""
     out = tmp_path / "runs"
     layouts = {"done": {"metrics.json": '{"status": "completed"}'},
                "stopped": {"metrics.json": '{"status": "interrupted"}', "checkpoints/last.pt": ""},
@@ -127,17 +128,28 @@ def test_run_queue_resumes_a_run_with_a_checkpoint_and_skips_only_completed_ones
         for path, text in layout.items():
             (out / name / path).parent.mkdir(parents=True, exist_ok=True)
             (out / name / path).write_text(text)
+    # kept in git by an earlier machine (no runs/ here): done; kept but interrupted: trained
+    kept = tmp_path / "kept"
+    for name, status in {"kept": "completed", "kept_cut": "interrupted"}.items():
+        (kept / name).mkdir(parents=True)
+        (kept / name / "metrics.json").write_text(f'{{"status": "{status}"}}')
     queue = tmp_path / "q.txt"
-    queue.write_text(f"out: {out}\nkeep: {tmp_path / 'kept'}\n" + "".join(f"{name} seed=1\n" for name in layouts))
+    queue.write_text(f"out: {out}\nkeep: {kept}\n"
+                     + "".join(f"{name} seed=1\n" for name in [*layouts, "kept", "kept_cut"]))
     env = {"BIN": str(fake_bin(tmp_path)), "PATH": "/usr/bin:/bin", "JOBS": "1"}
     done = subprocess.run(["bash", str(ROOT / "scripts/run_queue.sh"), str(queue)], capture_output=True, text=True,
                           cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
-    assert "done already: done" in done.stdout
+    assert "done already: done" in done.stdout and "kept already: kept " in done.stdout
     calls = {Path(line.split("hydra.run.dir=")[1]).name: line
              for line in (tmp_path / "calls").read_text().splitlines()}
     assert {name: "train.resume=true" in line for name, line in calls.items()} == {
-        "stopped": True, "cut": True, "new": False}
+        "stopped": True, "cut": True, "new": False, "kept_cut": False}
+    # KEEP_AGAIN=1 trains a kept run again
+    again = subprocess.run(["bash", str(ROOT / "scripts/run_queue.sh"), str(queue), "kept"], capture_output=True,
+                           text=True, cwd=ROOT, env={**env, "KEEP_AGAIN": "1"})
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "calls").read_text().splitlines()[-1].endswith(f"hydra.run.dir={out / 'kept'}")
 
 
 # --- 3. killed while decoding the test sets ------------------------------------------------------------
