@@ -49,12 +49,28 @@ def test_the_anchor_page_scores_runs_in_wus_metric_and_checks_the_metric(tmp_pat
     (run / "config.yaml").write_text("model:\n  positions: abs\n")
     (run / "metrics.json").write_text(json.dumps({"status": "completed", "steps": 8000, "wall_seconds": 7200,
                                                   "test": {"test": {"lowercased_bleu": 41.5}}}))
+    seeds = tmp_path / "seeds"
+    for name, score in {"t1_abs_s1": 38.0, "t1_abs_s2": 37.25, "t1_rel_s1": 39.0, "t1_both_s1": 50.0}.items():
+        (seeds / name).mkdir(parents=True)
+        (seeds / name / "metrics.json").write_text(json.dumps({"test": {"test": {"lowercased_bleu": score}}}))
     page = tmp_path / "anchor.md"
     page.write_text("# Anchor\n\n<!-- results -->old<!-- /results -->\n")
-    ar.main(["--runs", str(tmp_path / "runs"), "--multi30k", str(refs), "--wu", str(wu), "--page", str(page)])
+    ar.main(["--runs", str(tmp_path / "runs"), "--multi30k", str(refs), "--wu", str(wu), "--page", str(page),
+             "--seeds", str(seeds)])
     text = page.read_text()
     assert "old" not in text and text.startswith("# Anchor\n\n<!-- results -->\n## Results")
     assert "| wu2021_abs_s1 | abs | 8000 | 2.00 | 41.50 | – | – |" in text and "| ≥ 41.00 | yes |" in text
     doc = json.loads(page.with_suffix(".json").read_text())
     assert doc["runs"][0]["test_sacrebleu_lc"] < 100 and doc["published"] == 41.02
     assert [round(c["bleu_raw_vs_theirs"], 2) for c in doc["metric_check"]] == [100.0] * 3
+    # the interval is about the translations' own score (two lines: a wide one), and says whether 41.02 is in it
+    own = ar.tokenized_bleu(["ein mann mit einem hut, der etwas anstarrt.", "zwei hunde."], lines, "de",
+                            compound_split=False, lowercase=True)["score"]
+    (lo, hi), inside = doc["runs"][0]["test_wu_interval"], doc["runs"][0]["published_inside_ci"]
+    assert lo < own < hi and inside == (lo <= 41.02 <= hi)
+    assert f"| wu2021_abs_s1 | 41.50 | {lo:.2f}–{hi:.2f} | {'yes' if inside else 'no'} |" in text
+    # Table 1's seeds per kind (both is not an anchor kind): each seed and the range
+    assert doc["seed_spread"] == [{"positions": "abs", "scores": [38.0, 37.25], "range": 0.75},
+                                  {"positions": "rel", "scores": [39.0], "range": 0.0}]
+    assert "| abs | 38.00, 37.25 | 0.75 |" in text
+    assert "wu2021_abs_s1 is 0.48 above the published figure: within the 0.75 that relmt's abs recipe runs" in text

@@ -54,6 +54,18 @@ def test_tokenized_bleu_is_labelled_and_splits_compounds():
                                                              [["Die Auto-Branche wächst ."]]).score
 
 
+def test_tokenized_bleu_bootstrap_interval_is_sacrebleus_and_holds_the_score():
+    hyps = [f"Ein Mann {i} geht {'heute' if i % 3 else 'morgen'} nach Hause." for i in range(60)]
+    refs = [f"Ein Mann {i} geht heute nach Hause." for i in range(60)]
+    plain = tokenized_bleu(hyps, refs, "de", compound_split=False, lowercase=True)
+    boot = tokenized_bleu(hyps, refs, "de", compound_split=False, lowercase=True, n_bootstrap=200)
+    assert "ci" not in plain and boot["score"] == plain["score"]
+    assert 0 < boot["ci"] < plain["score"]
+    expected = BLEU(tokenize="none", force=True).corpus_score(
+        [h.lower().replace(".", " .") for h in hyps], [[r.lower().replace(".", " .") for r in refs]], n_bootstrap=200)
+    assert boot["ci"] == pytest.approx(expected._ci)
+
+
 def test_lowercased_bleu_lowercases_moses_tokens_without_splitting_compounds():
     """The Multi30k literature's metric: case differences do not count, hyphens stay inside words."""
     hyp, ref = ["die Auto-Industrie WÄCHST."], ["Die Auto-Branche wächst."]

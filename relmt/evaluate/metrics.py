@@ -59,13 +59,15 @@ def chrf_score(hyps: list[str], refs: list[str]) -> dict:
 
 
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: bool = True,
-                   lowercase: bool = False) -> dict:
+                   lowercase: bool = False, n_bootstrap: int = 1) -> dict:
     """BLEU on Moses tokens (`tokenize='none'`), as papers computed it before sacreBLEU.
 
     The default is the paper-comparable EN-DE figure: Moses tokenization + compound splitting
     (tensor2tensor's get_ende_bleu.sh). `lowercase=True, compound_split=False` is the lowercased
     tokenized BLEU that most Multi30k papers print (multi-bleu.perl on lowercased Moses tokens). A
-    language Moses does not know tokenizes as English (`moses_lang`); the label names the one used."""
+    language Moses does not know tokenizes as English (`moses_lang`); the label names the one used.
+    `n_bootstrap` > 1 adds sacreBLEU's 95% bootstrap interval over the test sentences ("ci", the
+    half-width; its resampling seed is sacreBLEU's fixed default)."""
     lang = moses_lang(lang)
     moses = MosesTokenizer(lang=lang)
 
@@ -77,11 +79,14 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: 
     # force: the input is tokenized on purpose, so sacreBLEU's "forgot to detokenize?" warning (on 100
     # lines ending in " .", i.e. on every real test set here) does not apply; the signature is the same.
     bleu = BLEU(tokenize="none", force=True)
-    score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]])
+    score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]], n_bootstrap=n_bootstrap)
     how = [f"Moses ({lang})"] + ["compound splitting"] * compound_split + ["lowercased"] * lowercase
-    return {"score": score.score, "signature": str(bleu.get_signature()),
-            "label": f"{'lowercased ' if lowercase else ''}tokenized BLEU: {' + '.join(how)}, tokenize=none "
-                     "(not sacreBLEU)"}
+    out = {"score": score.score, "signature": str(bleu.get_signature()),
+           "label": f"{'lowercased ' if lowercase else ''}tokenized BLEU: {' + '.join(how)}, tokenize=none "
+                    "(not sacreBLEU)"}
+    if n_bootstrap > 1:
+        out["ci"] = score._ci  # sacreBLEU keeps the interval in this attribute (Score.estimate_ci)
+    return out
 
 
 def lowercased_bleu(hyps: list[str], refs: list[str], lang: str) -> dict:
