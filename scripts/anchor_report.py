@@ -73,9 +73,9 @@ def run_rows(runs: Path, multi30k: Path) -> list[dict]:
         if hyps.is_file() and refs.is_file():
             wu = tokenized_bleu(read_lines(hyps), read_lines(refs), "de", compound_split=False, lowercase=True,
                                 n_bootstrap=N_BOOTSTRAP)
-            # from the kept translations, as the page's sacreBLEU columns are (metrics.json's test_wu is the same text)
-            row["test_wu_interval"] = [wu["score"] - wu["ci"], wu["score"] + wu["ci"]]
-            row["published_inside_ci"] = wu["score"] - wu["ci"] <= PUBLISHED <= wu["score"] + wu["ci"]
+            # from the kept translations, as the page's sacreBLEU columns are; sacreBLEU's μ ± ci
+            lo, hi = wu["mean"] - wu["ci"], wu["mean"] + wu["ci"]
+            row["test_wu_interval"], row["published_inside_ci"] = [lo, hi], lo <= PUBLISHED <= hi
         goal = GOALS.get(positions)
         row["goal"] = goal
         row["goal_met"] = None if goal is None or row["test_wu"] is None else row["test_wu"] >= goal
@@ -115,8 +115,9 @@ def section(rows: list[dict], check: list[dict], spread: list[dict], command: st
     text += lines if rows else ["No run of `scripts/queues/multi30k_anchor.txt` has finished yet."]
     if rows:
         text += ["", "### How far one seed can be read", "",
-                 f"sacreBLEU's 95% bootstrap interval ({N_BOOTSTRAP} resamples of the test sentences) of each run's "
-                 "test2016 score in Wu et al.'s metric. It covers the test set's sampling only: not the seed, and "
+                 f"sacreBLEU's 95% bootstrap interval ({N_BOOTSTRAP} resamples of the test sentences; μ ± ci as "
+                 "sacreBLEU prints it) of each run's test2016 score in Wu et al.'s metric. It covers the test "
+                 "set's sampling only: not the seed, and "
                  "not the published system's own interval (its outputs are not published, so no paired test).", "",
                  "| run | test2016 (Wu's metric) | 95% interval | published 41.02 inside |", "|---|---|---|---|"]
         for r in rows:

@@ -63,7 +63,7 @@ def test_tokenized_bleu_bootstrap_interval_is_sacrebleus_and_holds_the_score():
     assert 0 < boot["ci"] < plain["score"]
     expected = BLEU(tokenize="none", force=True).corpus_score(
         [h.lower().replace(".", " .") for h in hyps], [[r.lower().replace(".", " .") for r in refs]], n_bootstrap=200)
-    assert boot["ci"] == pytest.approx(expected._ci)
+    assert boot["ci"] == pytest.approx(expected._ci) and boot["mean"] == pytest.approx(expected._mean)
 
 
 def test_lowercased_bleu_lowercases_moses_tokens_without_splitting_compounds():

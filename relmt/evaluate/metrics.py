@@ -66,8 +66,9 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: 
     (tensor2tensor's get_ende_bleu.sh). `lowercase=True, compound_split=False` is the lowercased
     tokenized BLEU that most Multi30k papers print (multi-bleu.perl on lowercased Moses tokens). A
     language Moses does not know tokenizes as English (`moses_lang`); the label names the one used.
-    `n_bootstrap` > 1 adds sacreBLEU's 95% bootstrap interval over the test sentences ("ci", the
-    half-width; its resampling seed is sacreBLEU's fixed default)."""
+    `n_bootstrap` > 1 adds sacreBLEU's 95% bootstrap interval over the test sentences as sacreBLEU
+    prints it, "μ = mean ± ci": the resamples' mean and the half-width of their 2.5-97.5 percentile
+    range (its resampling seed is sacreBLEU's fixed default)."""
     lang = moses_lang(lang)
     moses = MosesTokenizer(lang=lang)
 
@@ -85,7 +86,7 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: 
            "label": f"{'lowercased ' if lowercase else ''}tokenized BLEU: {' + '.join(how)}, tokenize=none "
                     "(not sacreBLEU)"}
     if n_bootstrap > 1:
-        out["ci"] = score._ci  # sacreBLEU keeps the interval in this attribute (Score.estimate_ci)
+        out["mean"], out["ci"] = score._mean, score._ci  # where sacreBLEU keeps them (Score.estimate_ci)
     return out
 
 
