@@ -61,6 +61,7 @@ def test_tokenized_bleu_bootstrap_interval_is_sacrebleus_and_holds_the_score():
     boot = tokenized_bleu(hyps, refs, "de", compound_split=False, lowercase=True, n_bootstrap=200)
     assert "ci" not in plain and boot["score"] == plain["score"]
     assert 0 < boot["ci"] < plain["score"]
+    assert boot["mean"] - boot["ci"] <= plain["score"] <= boot["mean"] + boot["ci"]
     expected = BLEU(tokenize="none", force=True).corpus_score(
         [h.lower().replace(".", " .") for h in hyps], [[r.lower().replace(".", " .") for r in refs]], n_bootstrap=200)
     assert boot["ci"] == pytest.approx(expected._ci) and boot["mean"] == pytest.approx(expected._mean)
