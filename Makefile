@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: train test test-fast test-exhaustive test-all lint
+.PHONY: train test test-fast test-exhaustive test-gpu test-all lint
 
 # torch is pinned and installed first: a CPU wheel of 2.13.0 lies on these machines, while a bare
 # `torch` requirement would pull a multi-GB CUDA build. pyproject.toml keeps torch>=2.3.
@@ -19,16 +19,20 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(VENV)/bin/relmt-train
 
-# make test: every test but the exhaustive sweeps (under 15 minutes on 2 cores); test-fast also leaves out
-# the slow end-to-end runs; test-exhaustive runs the sweeps alone, test-all everything.
+# make test: every test but the exhaustive sweeps and the CUDA ones (under 15 minutes on 2 cores); test-fast
+# also leaves out the slow end-to-end runs; test-exhaustive runs the sweeps alone, test-gpu the tests that
+# need a CUDA device (tests/test_cuda.py), test-all everything (the CUDA tests skip without a device).
 test: $(STAMP)
-	$(PY) -m pytest -m "not exhaustive"
+	$(PY) -m pytest -m "not exhaustive and not gpu"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow and not exhaustive"
+	$(PY) -m pytest -m "not slow and not exhaustive and not gpu"
 
 test-exhaustive: $(STAMP)
 	$(PY) -m pytest -m exhaustive
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu
 
 test-all: $(STAMP)
 	$(PY) -m pytest

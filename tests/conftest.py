@@ -17,3 +17,13 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu need a CUDA device (make test-gpu); without one they are skipped, saying so."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: run make test-gpu on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -361,3 +361,18 @@ def test_claims_table_escapes_pipes_in_its_cells(tmp_path):
     claims = module.write_claims(tmp_path, ["toy"], {}).read_text()
     assert ("| [toy](toy.md) | a^K alone is about as good as both | toy | test | **held** | \\|difference\\| 0.02 |"
             in claims.splitlines())
+
+
+def test_gpu_report_reads_cut_off_pytest_output():
+    """A suite stopped by its timeout has no summary: the report counts its progress marks instead, and
+    takes the per-mode errors test_cuda.py prints."""
+    from tests.scripts_import import load_script
+
+    report = load_script("gpu_report")
+    cut = "bringing up nodes...\n\n" + "." * 70 + "F. [ 50%]\n" + "..F.E\n"
+    assert report.suite(cut) == {"passed": 74, "failed": 2, "errors": 1,
+                                 "summary": "cut off by its timeout before pytest's summary"}
+    printed = '.abs {"logits": 0.005, "grads": 0.02}\nt5 {"logits": 0.004, "grads": 0.03, "x.table": 0.04}\n' \
+              "=== 37 passed in 46.36s ===\n"
+    assert report.cuda_tests(printed) == {"summary": "=== 37 passed in 46.36s ===", "bf16_errors": {
+        "abs": {"logits": 0.005, "grads": 0.02}, "t5": {"logits": 0.004, "grads": 0.03, "x.table": 0.04}}}
