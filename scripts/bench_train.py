@@ -7,8 +7,10 @@ size as theirs, the small model (3+3 layers, d_model 256, 4 heads, FFN 1024, sha
 batches of about 4k tokens per side (--max-padded-tokens counts padded source + target, as
 train.max_padded_tokens does), label smoothing 0.1, relative k = 16, fp32 on CPU. Every step is the
 trainer's own update (relmt.train.step.train_step): forward, label-smoothed loss, backward, Adam.
-The positions modes are timed paired: each step's batch is run by every mode in turn, so drift in
-the machine's speed falls on all of them alike.
+The positions modes are timed paired: each step's batch is run by every mode in turn, the order
+rotating from step to step, so drift in the machine's speed and one-off costs fall on all of them
+alike. On CUDA every timed batch first runs once per mode untimed (--shape-warmup): a new batch shape
+pays kernel set-up once, which otherwise landed on whichever mode ran it first.
 Warm-up steps are excluded. Model FLOPs per step are counted once per mode with
 torch.utils.flop_counter; MFU divides the achieved FLOP/s by the peak of a large matmul measured
 in the same process (bf16 on CUDA, fp32 on CPU).
@@ -82,6 +84,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--precision", default="fp32", choices=[p.value for p in Precision])
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--shape-warmup", choices=["auto", "on", "off"], default="auto",
+                    help="run every timed batch once per mode, untimed, before timing (auto: on CUDA, where the "
+                         "first step of a new batch shape pays one-off kernel set-up; docs/results/gpu_checks.md)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--peak-n", type=int, default=0, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
@@ -108,6 +113,7 @@ def main() -> None:
     order = sampler.epoch(0)
     batches = [collate(ids, order[i % len(order)]).to(device) for i in range(args.warmup + args.steps)]
     amp = autocast_dtype(Precision(args.precision), device)
+    shape_warmup = args.shape_warmup == "on" or (args.shape_warmup == "auto" and device.type == "cuda")
     peak = matmul_peak(device, amp or torch.float32, args.peak_n or (8192 if device.type == "cuda" else 2048))
     print(f"{len(ids)} training pairs, vocabulary {corpus.tokenizer.vocab_size}, padding "
           f"{100 * sampler.padding_fraction():.1f}%, matmul peak {peak / 1e9:.0f} GFLOP/s", flush=True)
@@ -127,8 +133,14 @@ def main() -> None:
         dist = Dist(0, 1, device)
         seconds = {kind: 0.0 for kind in runs}
         tokens = {"src": 0, "tgt": 0}
+        kinds = list(runs)
+        if shape_warmup:
+            for batch in batches[args.warmup:]:
+                for model, net, optimizer, scaler in runs.values():
+                    train_step(model, net, optimizer, scaler, [batch], 1e-4, 0.1, amp, dist)
         for i, batch in enumerate(batches):
-            for kind, (model, net, optimizer, scaler) in runs.items():
+            for kind in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:  # rotated: no mode always goes first
+                model, net, optimizer, scaler = runs[kind]
                 sync(device)
                 t0 = time.perf_counter()
                 train_step(model, net, optimizer, scaler, [batch], 1e-4, 0.1, amp, dist)
@@ -174,7 +186,9 @@ def main() -> None:
             f"Workload: {text_dir} ({len(ids)} pairs, word vocabulary of {corpus.tokenizer.vocab_size}), batches of "
             f"at most {args.max_padded_tokens} padded source + target tokens ({100 * sampler.padding_fraction():.1f}% "
             f"padding), {args.precision}, {hw['torch_threads']} threads, k = {args.k}. Each mode ran the same "
-            f"{args.steps} batches, timed paired step by step after {args.warmup} warm-up steps. MFU = counted "
+            f"{args.steps} batches, timed paired step by step (the order of the modes rotating) after "
+            f"{args.warmup} warm-up steps{' and one untimed pass over the timed batches' if shape_warmup else ''}. "
+            f"MFU = counted "
             f"model FLOPs per token x tokens/s / the measured matmul peak ({peak / 1e9:.0f} GFLOP/s).\n\n"
             f"- command: `{command_line()}`\n- hardware: {hw.get('gpu', hw['cpu'])}, torch {hw['torch']}\n"
             f"- date: {hw['date']} (git {hw['git']})\n\n{table}\n")

@@ -113,7 +113,8 @@ below and trained faster than rel in the Multi30k runs ({m30k[("abs", "H200 bf16
 benchmark every one of the {train["settings"]["steps"]} timed batches is a shape not seen before, and abs runs
 first on each: it pays every one-off cost per new shape (the likeliest: the fused attention kernels' per-shape
 set-up, which the other modes' cross-attention then reuses). The rel/abs ratios of this run are therefore not a
-property of the method. Next GPU session: warm each batch shape up before timing, and rerun.
+property of the method. bench_train.py now runs every timed batch once per mode before timing on CUDA
+and rotates the order of the modes (--shape-warmup; after this run): rerun it on the next GPU session.
 
 ## 3. The Multi30k recipe on the GPU, beside the CPU runs
 

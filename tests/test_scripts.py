@@ -91,7 +91,7 @@ def test_bench_train_and_perf_report_run(tmp_path):
     train_json = tmp_path / "t.json"
     run_script("bench_train.py", "--text-dir", str(corpus), "--sizes", "tiny", "--steps", "2", "--warmup", "1",
                "--max-padded-tokens", "256", "--peak-n", "64", "--cache-dir", str(tmp_path / "cache"),
-               "--out", str(train_json), "--md", str(tmp_path / "t.md"))
+               "--shape-warmup", "on", "--out", str(train_json), "--md", str(tmp_path / "t.md"))
     train = json.loads(train_json.read_text())
     assert [r["positions"] for r in train["rows"]] == ["abs", "rel", "both"]
     for r in train["rows"]:
@@ -100,6 +100,7 @@ def test_bench_train_and_perf_report_run(tmp_path):
     assert train["rows"][0]["over_abs_step_time"] == 1.0
     assert train["vocab_size"] == 10 + 4 and train["cpu_tuning"]["flush_denormal"] is True
     assert "step time / abs" in (tmp_path / "t.md").read_text()
+    assert "one untimed pass over the timed batches" in (tmp_path / "t.md").read_text()
 
     decode_json = tmp_path / "d.json"
     run_script("bench_decode.py", "--text-dir", str(corpus), "--spm-model-type", "word", "--n", "6",
