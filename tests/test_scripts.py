@@ -373,6 +373,11 @@ def test_gpu_report_reads_cut_off_pytest_output():
     cut = "bringing up nodes...\n\n" + "." * 70 + "F. [ 50%]\n" + "..F.E\n"
     assert report.suite(cut) == {"passed": 74, "failed": 2, "errors": 1,
                                  "summary": "cut off by its timeout before pytest's summary"}
+    verbose = ("[gw0] [ 10%] PASSED tests/test_a.py::test_x \n[gw1] [ 20%] FAILED tests/test_b.py::test_y[rel] \n"
+               "[gw0] [ 30%] PASSED tests/test_a.py::test_z \n")
+    assert report.suite(verbose) == {"passed": 2, "failed": 1, "errors": 0,
+                                     "failed_tests": ["tests/test_b.py::test_y[rel]"],
+                                     "summary": "cut off by its timeout before pytest's summary"}
     printed = '.abs {"logits": 0.005, "grads": 0.02}\nt5 {"logits": 0.004, "grads": 0.03, "x.table": 0.04}\n' \
               "=== 37 passed in 46.36s ===\n"
     assert report.cuda_tests(printed) == {"summary": "=== 37 passed in 46.36s ===", "bf16_errors": {
