@@ -16,13 +16,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+if TYPE_CHECKING:  # only named in annotations: decoding never imports datasets (its startup costs seconds)
+    from relmt.data.dataset import SplitIds
 
 log = logging.getLogger(__name__)
 
