@@ -22,20 +22,24 @@ train: $(STAMP)
 # make test: every test but the exhaustive sweeps and the CUDA ones (under 15 minutes on 2 cores); test-fast
 # also leaves out the slow end-to-end runs; test-exhaustive runs the sweeps alone, test-gpu the tests that
 # need a CUDA device (tests/test_cuda.py), test-all everything (the CUDA tests skip without a device).
+# The CPU targets run one pytest-xdist worker per core, one thread each (tests/conftest.py); worksteal
+# rebalances the long end-to-end tests. XDIST= runs them in one process.
+XDIST ?= -n auto --dist worksteal
+
 test: $(STAMP)
-	$(PY) -m pytest -m "not exhaustive and not gpu"
+	$(PY) -m pytest $(XDIST) -m "not exhaustive and not gpu"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow and not exhaustive and not gpu"
+	$(PY) -m pytest $(XDIST) -m "not slow and not exhaustive and not gpu"
 
 test-exhaustive: $(STAMP)
-	$(PY) -m pytest -m exhaustive
+	$(PY) -m pytest $(XDIST) -m exhaustive
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu
 
 test-all: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check relmt scripts tests

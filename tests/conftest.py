@@ -5,9 +5,17 @@ import os
 # Tests never use the network: Hugging Face libraries read these when first imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+# make test runs one pytest-xdist worker per core: each worker, and the relmt commands it starts, use one
+# thread unless OMP_NUM_THREADS says otherwise (torch reads it when first imported).
+PIN_THREADS = bool(os.environ.get("PYTEST_XDIST_WORKER")) and "OMP_NUM_THREADS" not in os.environ
+if PIN_THREADS:
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if PIN_THREADS:
+    torch.set_num_threads(1)  # in case a plugin imported torch before this file
 
 
 @pytest.fixture
