@@ -131,7 +131,15 @@ class _KeepOSError:
         self.file.flush()
 
 
-def _write(path: Path, write: Callable[[_KeepOSError], None], need: int) -> None:
+def write_text(path: Path, text: str) -> None:
+    """`text` into `path` atomically and durably, as checkpoints are written (temporary file, fsync,
+    rename): a kill or a full disk leaves the old file whole, never a cut-short one (metrics.json)."""
+    data = text.encode()
+    _write(path, lambda out: out.write(data), len(data), "the file")
+    _fsync_dir(path.parent)
+
+
+def _write(path: Path, write: Callable[[_KeepOSError], None], need: int, what: str = "the checkpoint") -> None:
     """write(file) into a temporary file, fsync it and rename it to `path`."""
     tmp = path.with_name(f".{path.name}.tmp")
     out: _KeepOSError | None = None
@@ -150,7 +158,7 @@ def _write(path: Path, write: Callable[[_KeepOSError], None], need: int) -> None
         raise
     if failure is not None:  # raised outside the except block, so the message is not chained to it
         tmp.unlink(missing_ok=True)
-        raise _save_error(path, failure, need)
+        raise _save_error(path, failure, need, what)
 
 
 def _link_or_copy(first: Path, target: Path, need: int) -> None:
@@ -191,7 +199,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _save_error(path: Path, error: BaseException, need: int) -> UserError:
+def _save_error(path: Path, error: BaseException, need: int, what: str = "the checkpoint") -> UserError:
     """A message that names the file and, where it can be told, the cause."""
     try:
         free: int | None = shutil.disk_usage(path.parent).free
@@ -207,8 +215,8 @@ def _save_error(path: Path, error: BaseException, need: int) -> UserError:
     else:  # libtorch's text says neither file nor cause; its first line helps a bug report
         detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         reason = f"write failed (disk full?): {detail}"
-    return UserError(f"{path}: could not save the checkpoint: {reason}{space}; the checkpoints saved "
-                     f"before in {path.parent} are unchanged")
+    kept = "the checkpoints saved before" if what == "the checkpoint" else "the files"
+    return UserError(f"{path}: could not save {what}: {reason}{space}; {kept} in {path.parent} are unchanged")
 
 
 # --- loading --------------------------------------------------------------------------------------------

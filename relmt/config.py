@@ -260,6 +260,9 @@ class TrainConfig:
     log_every: int = 100
     progress: bool = True  # a tqdm bar on a terminal
     resume: bool = False  # continue from checkpoints/last.pt of the run directory
+    # train again from scratch in a run directory that holds a run, replacing its checkpoints and
+    # results (metrics.json, metrics.jsonl, tb/, translations/); without it relmt-train never removes them
+    overwrite: bool = False
     # fine-tuning: start from this checkpoint's weights (same model config and vocabulary) with a fresh
     # optimizer, schedule and data position. Only seeds a fresh run: a resumable run directory wins.
     init_from: str | None = None

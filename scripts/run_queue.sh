@@ -44,6 +44,12 @@ done < "$queue"
 JOBS=${JOBS:-$(( $(nproc) / threads > 0 ? $(nproc) / threads : 1 ))}
 mkdir -p "$out"
 
+completed() {  # completed FILE: FILE is a whole metrics.json (JSON that parses) whose status is completed;
+    # a file cut short (written in place by relmt before 2026-11-26) is not a completed run
+    [[ -f $1 ]] && "${PYTHON:-python3}" -c 'import json, sys
+sys.exit(json.load(open(sys.argv[1])).get("status") != "completed")' "$1" 2> /dev/null
+}
+
 run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kept when it finishes
     local name=${1%% *} overrides dir resume=()
     read -ra overrides <<< "${1#* }"
@@ -56,13 +62,12 @@ run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kep
         echo "$(date +%H:%M:%S) skipped $name: another queue is running it"; return 0
     fi
     # an interrupted run writes metrics.json too (status interrupted): only a completed one is done
-    if [[ -f $dir/metrics.json ]] && grep -q '"status": "completed"' "$dir/metrics.json"; then
+    if completed "$dir/metrics.json"; then
         echo "done already: $name"; return 0
     fi
     # a run kept in git is done too: a fresh machine has no runs/, and training it again would
     # overwrite the committed artifacts with another run's (KEEP_AGAIN=1 trains it anyway)
-    if [[ -z ${KEEP_AGAIN:-} && -f $keep/$name/metrics.json ]] \
-        && grep -q '"status": "completed"' "$keep/$name/metrics.json"; then
+    if [[ -z ${KEEP_AGAIN:-} ]] && completed "$keep/$name/metrics.json"; then
         echo "kept already: $name ($keep/$name; KEEP_AGAIN=1 trains it again)"; return 0
     fi
     # any checkpoint means a run to resume (one cut off before last.pt resumes from its step_N.pt)
@@ -73,7 +78,7 @@ run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kep
     local status=0
     "$BIN/relmt-train" "${common[@]}" "${overrides[@]}" train.num_threads="$threads" train.progress=false \
         "${resume[@]}" "hydra.run.dir=$dir" >> "$dir.out" 2>&1 || status=$?
-    if [[ -f $dir/metrics.json ]] && grep -q '"status": "completed"' "$dir/metrics.json"; then
+    if completed "$dir/metrics.json"; then
         mkdir -p "$keep/$name"
         cp "$dir/metrics.json" "$dir/config.yaml" "$dir/train.log" "$dir/metrics.jsonl" "$keep/$name/"
         [[ -d $dir/translations ]] && cp -r "$dir/translations" "$keep/$name/"

@@ -35,8 +35,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from relmt import runtime
-from relmt.config import BestMetric, Config, TrainConfig, to_dict
+from relmt import checkpoint, runtime
+from relmt.config import Config, TrainConfig, to_dict
 from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import Corpus, prepare
 from relmt.data.tokenizer import PAD_ID
@@ -109,13 +109,13 @@ def open_run_log(out: Path, step: int, resumed: bool) -> RunLog:
     """Append to out/metrics.jsonl and out/tb. After a kill -9 the log holds the steps since the last
     save, which a resumed run logs again: those records and events are dropped first. A fresh start
     begins both anew: what is there was logged by an attempt killed before its first checkpoint, and
-    this run logs those steps again."""
+    this run logs those steps again. (A run's results, metrics.json, are never here on a fresh start:
+    resume.check_results refuses that, and train.overwrite=true has removed them.)"""
     if resumed:
         resume.trim_history(out / "metrics.jsonl", step)
     else:
-        earlier = [p for p in (out / "metrics.jsonl", out / "metrics.json", out / "tb") if p.exists()]
+        earlier = [p for p in (out / "metrics.jsonl", out / "tb") if p.exists()]
         (out / "metrics.jsonl").unlink(missing_ok=True)
-        (out / "metrics.json").unlink(missing_ok=True)
         shutil.rmtree(out / "tb", ignore_errors=True)
         if earlier:
             log.info("%s: no checkpoint to resume, so the run starts afresh; removed the earlier attempt's %s",
@@ -172,12 +172,13 @@ def validate(model: torch.nn.Module, corpus: Corpus, cfg: Config, dist: distribu
     return distributed.gather(valid, dist)[0]
 
 
-def improved(valid: dict, best: float | None, metric: BestMetric) -> float | None:
-    """The validation figure that picks best.pt (BLEU when asked for and measured, else the loss)
-    if it beats `best`, else None."""
-    if metric == BestMetric.bleu and "bleu" in valid:
-        return valid["bleu"] if best is None or valid["bleu"] > best else None
-    return valid["loss"] if best is None or valid["loss"] < best else None
+def improved(valid: dict, best: float | None, metric: str) -> float | None:
+    """valid[metric], the validation figure that picks best.pt ("bleu" or "loss":
+    resume.ranking_metric), if it beats `best` (a figure of the same metric), else None."""
+    value = valid[metric]
+    if best is None or (value > best if metric == "bleu" else value < best):
+        return value
+    return None
 
 
 def reached_limit(state: TrainState, tcfg: TrainConfig) -> bool:
@@ -201,7 +202,7 @@ def stopped_early(state: TrainState, tcfg: TrainConfig) -> dict | None:
     run (a run whose patience ran out at its max_steps did not stop early)."""
     if not out_of_patience(state, tcfg) or reached_limit(state, tcfg):
         return None
-    metric = "bleu" if tcfg.best_metric == BestMetric.bleu and tcfg.valid_bleu else "loss"  # as `improved` picks
+    metric = resume.ranking_metric(tcfg.best_metric, tcfg.valid_bleu)
     log.info("early stopping: no improvement of valid %s for %d validations; best at step %d", metric,
              state.validations_since_best, state.best_step)
     return {"step": state.step, "best_step": state.best_step, "patience": tcfg.patience, "metric": metric}
@@ -224,7 +225,7 @@ def train(cfg: Config) -> dict:
     # A resume is checked before the data is prepared: a refused one should not wait for a cache build.
     batch_source = resume.batch_source(cfg.data, dist.world_size)
     ck_path, ck = resume.open_checkpoint(cfg, ckpt_dir, batch_source)
-    if ck is not None and (done := resume.already_completed(out, cfg)) is not None:
+    if (done := resume.check_results(out, cfg, can_resume=ck is not None)) is not None:
         log.info("%s already completed (metrics.json): nothing to train or score", out)
         return done
     source = init.open_source(cfg, resuming=ck is not None)  # train.init_from; checked before the data work too
@@ -255,6 +256,7 @@ def train(cfg: Config) -> dict:
     elif source is not None:  # fine-tuning: the weights only; optimizer, schedule and data position are fresh
         state.init_from = init.load_weights(source, model, spm)
         source = None
+    resume.restart_best_if_changed(state, tcfg)  # the saved best ranks by this run's metric, or starts afresh
     wall_before = state.wall_seconds  # earlier sessions of a resumed run, up to the checkpoint
 
     def wall() -> float:
@@ -263,6 +265,10 @@ def train(cfg: Config) -> dict:
     ddp = DistributedDataParallel(model) if dist.world_size > 1 else None
     net = torch.compile(ddp or model) if tcfg.compile else (ddp or model)
     if dist.is_main:  # the run is accepted: nothing in its directory changed before this point
+        if tcfg.overwrite:
+            resume.clear_run(out)
+        elif ck_path is not None:  # a completed run trained on to larger limits keeps its old results
+            resume.keep_completed_results(out, state.step)
         save_config(out, cfg)
     run_log = open_run_log(out, state.step, ck_path is not None) if dist.is_main else None
     bar = tqdm(total=tcfg.max_steps or None, initial=state.step, unit="step", dynamic_ncols=True,
@@ -309,7 +315,7 @@ def train(cfg: Config) -> dict:
             names = [f"step_{state.step}.pt", "last.pt"] if state.step % tcfg.save_every == 0 else []
             if state.step % tcfg.eval_every == 0 or finished(state, tcfg):
                 valid = state.last_valid = validate(model, corpus, cfg, dist, amp, state.step, run_log)
-                best = improved(valid, state.best_value, tcfg.best_metric)
+                best = improved(valid, state.best_value, state.best_metric)
                 if best is not None:
                     state.best_value, state.best_step = best, state.step
                     names.append("best.pt")
@@ -327,7 +333,7 @@ def train(cfg: Config) -> dict:
     # A signal during the final update still stops the run: its tests are not scored, so it is not
     # completed; a resume finds nothing left to train and scores them.
     metrics = finish.summary(state, finished(state, tcfg) and not interrupted, out, n_params, wall(), valid,
-                             tcfg.best_metric, stopped_early(state, tcfg))
+                             stopped_early(state, tcfg))
     if dist.world_size > 1:
         metrics["ddp_params_in_sync"] = finish.params_in_sync(model, dist)
     if interrupted:
@@ -337,7 +343,7 @@ def train(cfg: Config) -> dict:
     elif dist.is_main:
         metrics.update(finish.score_tests(model, corpus, cfg, ckpt_dir, out, dist.device, amp))
     if run_log is not None:
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        checkpoint.write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")  # atomic: never cut short
         run_log.close()
     distributed.barrier(dist)
     distributed.cleanup()

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from relmt import checkpoint
-from relmt.config import Config, DataConfig, to_dict, upgrade_config
+from relmt.config import BestMetric, Config, DataConfig, TrainConfig, to_dict, upgrade_config
 from relmt.data.dataset import cache_key
 from relmt.errors import UserError
 from relmt.train import distributed
@@ -41,6 +41,7 @@ class TrainState:
     batch: int = 0  # the next micro-batch of `epoch`
     best_value: float | None = None
     best_step: int = 0
+    best_metric: str | None = None  # what best_value is: "bleu" or "loss" (the metric that picked best.pt)
     validations_since_best: int = 0  # validations in a row without a new best (train.patience)
     bad_in_row: int = 0
     bad_total: int = 0
@@ -98,7 +99,8 @@ def check_resume_config(saved: dict, current: dict, path: Path, saved_batches: d
     With `saved_batches` and `batches` (batch_source() of the checkpoint and of this run) the data
     is compared by content, and the number of ranks must match."""
     old, new = flat(saved), flat(current)
-    changed = [k for k in new if k in old and old[k] != new[k] and k not in ("train.resume", "out_dir")]
+    free = ("train.resume", "train.overwrite", "out_dir")
+    changed = [k for k in new if k in old and old[k] != new[k] and k not in free]
     data_keys = [k for k in changed if k.startswith("data.") and k not in DATA_KEYS_FREE_ON_RESUME]
     by_content = saved_batches is not None and batches is not None and "data" in saved_batches
     data_differs = not by_content or saved_batches["data"] != batches["data"]
@@ -126,18 +128,24 @@ def check_resume_config(saved: dict, current: dict, path: Path, saved_batches: d
 
 def open_checkpoint(cfg: Config, ckpt_dir: Path, batches: dict) -> tuple[Path | None, dict | None]:
     """With train.resume, the checkpoint to continue from and its contents, its config and
-    `batches` (batch_source() of this run) checked against it; else (None, None), refusing a run
-    directory that already holds a checkpoint (last.pt, or a step_N.pt saved just before a kill
-    kept last.pt from being linked). With train.init_from as well, a run directory without
+    `batches` (batch_source() of this run) checked against it; else (None, None), refusing (unless
+    train.overwrite=true) a run directory that already holds a checkpoint (last.pt, or a step_N.pt
+    saved just before a kill kept last.pt from being linked). With train.init_from as well, a run directory without
     checkpoints starts a fresh run from it instead (so that the same command can be requeued:
     relmt/train/init.py)."""
     last = ckpt_dir / "last.pt"
     saved_any = last.is_file() or bool(checkpoint.step_files(ckpt_dir))
+    if cfg.train.overwrite:
+        if cfg.train.resume:
+            raise UserError("train.overwrite=true and train.resume=true ask for opposite things: overwrite trains "
+                            "again from scratch, resume continues the saved run; pass one of them")
+        return None, None
     if not cfg.train.resume:
         if saved_any:
             found = last if last.is_file() else checkpoint.step_files(ckpt_dir)[-1]
             raise UserError(f"{cfg.out_dir} already holds a run ({found}): pass train.resume=true to continue "
-                            "it, or choose another hydra.run.dir")
+                            "it, train.overwrite=true to train again from scratch (replacing its checkpoints and "
+                            "results), or choose another hydra.run.dir")
         return None, None
     if not saved_any:  # a requeued job that was stopped (or never started) before its first checkpoint
         log.info("train.resume=true: no checkpoint in %s yet, so the run starts from %s", ckpt_dir,
@@ -165,12 +173,35 @@ def restore(ck: dict, path: Path, model: torch.nn.Module, optimizer: torch.optim
     optimizer.load_state_dict(ck["optim"])
     scaler.load_state_dict(ck["scaler"])
     state = TrainState(**ck["state"])
+    if state.best_metric is None and state.best_value is not None:  # saved before the best named its metric
+        saved = upgrade_config(ck["config"])["train"]
+        state.best_metric = ranking_metric(BestMetric(saved.get("best_metric", "bleu")), saved.get("valid_bleu", True))
     if "validations_since_best" not in ck["state"]:  # saved before train.patience: count them in the log
         state.validations_since_best = validations_after(path.parent.parent / "metrics.jsonl", state.best_step,
                                                          state.step)
     checkpoint.set_rng_state(ck["rng"][rank % len(ck["rng"])])
     log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.step, state.epoch, state.batch)
     return state
+
+
+def ranking_metric(best_metric: BestMetric, valid_bleu: bool) -> str:
+    """The validation figure that picks best.pt: "bleu" when train.best_metric asks for it and
+    train.valid_bleu measures it, else "loss"."""
+    return "bleu" if best_metric == BestMetric.bleu and valid_bleu else "loss"
+
+
+def restart_best_if_changed(state: TrainState, tcfg: TrainConfig) -> None:
+    """A resume whose train.best_metric / train.valid_bleu rank by another figure than the saved best
+    starts the best (and the patience count) afresh, saying so: a BLEU is never compared with a loss.
+    best.pt keeps the saved best's weights until the new figure's first validation replaces them."""
+    now = ranking_metric(tcfg.best_metric, tcfg.valid_bleu)
+    if state.best_value is not None and state.best_metric not in (None, now):
+        log.warning("the saved best is valid %s %.4g (step %d) but best.pt is now picked by valid %s "
+                    "(train.best_metric=%s, train.valid_bleu=%s): the best and train.patience start afresh at "
+                    "the next validation", state.best_metric, state.best_value, state.best_step, now,
+                    tcfg.best_metric.value, str(tcfg.valid_bleu).lower())
+        state.best_value, state.validations_since_best = None, 0
+    state.best_metric = now
 
 
 def save_checkpoints(ckpt_dir: Path, names: list[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -229,21 +260,87 @@ def trim_history(path: Path, step: int) -> None:
 
 
 STOPPING_KEYS = ("max_steps", "max_epochs", "patience")
+# What a run directory holds besides Hydra's files: the checkpoints and the results. relmt-train removes
+# them only for train.overwrite=true.
+RUN_FILES = ("checkpoints", "metrics.json", "metrics.jsonl", "tb", "translations")
 
 
-def already_completed(out: Path, cfg: Config) -> dict | None:
-    """metrics.json of a completed run that train.resume=true would only finish again: its status is
-    completed and its config.yaml stops where this config does (a larger max_steps trains on)."""
-    import yaml
-
-    metrics, saved = out / "metrics.json", out / "config.yaml"
-    if not (cfg.train.resume and metrics.is_file() and saved.is_file()):
+def read_results(out: Path) -> dict | None:
+    """out/metrics.json's figures, None where there is none; {"status": "unreadable"} for a file that
+    is not a JSON object (cut short by a kill under relmt versions that wrote it in place)."""
+    path = out / "metrics.json"
+    if not path.is_file():
         return None
     try:
-        figures, train = json.loads(metrics.read_text()), yaml.safe_load(saved.read_text())["train"]
-    except (ValueError, yaml.YAMLError, KeyError, TypeError):
-        return None
+        figures = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"status": "unreadable"}
+    return figures if isinstance(figures, dict) else {"status": "unreadable"}
+
+
+def stops_where_saved(out: Path, cfg: Config) -> bool:
+    """Whether out/config.yaml stops training where `cfg` does (train.max_steps, max_epochs, patience)."""
+    import yaml
+
+    try:
+        train = yaml.safe_load((out / "config.yaml").read_text())["train"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return False
     now = to_dict(cfg)["train"]
-    if figures.get("status") != "completed" or any(train.get(k) != now[k] for k in STOPPING_KEYS):
+    return all(train.get(k) == now[k] for k in STOPPING_KEYS)
+
+
+def check_results(out: Path, cfg: Config, can_resume: bool) -> dict | None:
+    """The guard of a finished run's results (issue 42 §1): relmt-train never deletes or overwrites
+    them. Returns metrics.json of a completed run that train.resume=true would only finish again (the
+    caller reports it as already completed); None where training may go on: no metrics.json, a run
+    resumed from its checkpoints (`can_resume`) or train.overwrite=true. Anything else is refused,
+    naming the ways out: train.resume=true, train.overwrite=true or another run directory."""
+    figures = read_results(out)
+    if figures is None or cfg.train.overwrite:
         return None
-    return figures
+    status = figures.get("status")
+    if cfg.train.resume and status == "completed" and stops_where_saved(out, cfg):
+        return figures
+    if cfg.train.resume and can_resume:  # an interrupted run finishes; a completed one trains on to new limits
+        return None
+    steps = f" after {figures['steps']} updates" if isinstance(figures.get("steps"), int) else ""
+    what = {"completed": f"a completed run{steps}", "interrupted": f"an interrupted run{steps}"}.get(
+        status, "a run whose metrics.json cannot be read")
+    if not can_resume and cfg.train.resume:
+        why = (f"its checkpoints are gone ({out / 'checkpoints'} holds no last.pt or step_N.pt), so it cannot "
+               "be continued; ")
+    elif status == "completed":
+        why = "train.resume=true with its train.max_steps, max_epochs and patience reports it as done; "
+    else:
+        why = "train.resume=true continues it; "
+    raise UserError(f"{out} holds {what} (metrics.json), and relmt-train never removes a run's results: {why}"
+                    "train.overwrite=true trains again from scratch, replacing its checkpoints and results; or "
+                    "choose another hydra.run.dir")
+
+
+def clear_run(out: Path) -> None:
+    """train.overwrite=true, once the run is accepted: remove what the run directory holds of an
+    earlier run (checkpoints and results), logging it."""
+    import shutil
+
+    removed = [name for name in RUN_FILES if (out / name).exists()]
+    for name in removed:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if removed:
+        log.warning("train.overwrite=true: removed the earlier run's %s from %s", ", ".join(removed), out)
+
+
+def keep_completed_results(out: Path, step: int) -> None:
+    """A completed run resumed to train on to larger limits: its metrics.json and translations/ move
+    to out/completed_step_<step>/ before training goes on, so that the new ones replace nothing."""
+    figures = read_results(out)
+    if figures is None or figures.get("status") != "completed":
+        return
+    keep = out / f"completed_step_{step}"
+    keep.mkdir(exist_ok=True)
+    for name in ("metrics.json", "translations"):
+        if (out / name).exists():
+            os.replace(out / name, keep / name)
+    log.info("%s was completed at step %d: its metrics.json and translations/ are kept in %s", out, step, keep)
