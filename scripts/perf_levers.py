@@ -153,7 +153,10 @@ def main() -> None:
     rows = [
         ["decoding reuses the scaled W^Q, b^Q between steps (they were rescaled at every call)",
          "a few per cent at batch 1 (`aten::mul` was 7% of self time in a batch-1 profile)",
-         "not measured on its own; it is in the side-by-side run", "yes (bitwise the same queries)"],
+         "not measured on its own; it is in the side-by-side run",
+         "yes until issue 42 §4, then dropped: keyed on tensor versions, it went stale after weight changes that "
+         "keep them (fused Adam, `p.data.copy_()`); it saved 0.2-0.5% at 32 sentences per batch, 2-4% one at a "
+         "time (1 thread)"],
         linear_row(), *decode, profile_row(), processes_row(), train_row(), memory_row(),
     ]
     speed, bleu = sources["speed"], sources["bleu"]

@@ -16,7 +16,6 @@ The figures, each labelled:
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
@@ -115,6 +114,25 @@ def bucketed_bleu(hyps: list[str], refs: list[str], srcs: list[str], edges: tupl
     return rows
 
 
+def percentile_test(diffs: np.ndarray, alpha: float) -> tuple[float, float, float]:
+    """The two-sided percentile test of N sorted bootstrap differences diffs (N,), 0 < alpha < 1:
+    p = min(1, 2 t / N) for the t resamples on the rarer side of 0, and the (1 - alpha) interval
+    (low, high), the (k+1)-th smallest and largest difference.
+
+    k is the largest rarer-side count whose p, the same float expression, is below alpha, so both
+    come from one integer count and p < alpha exactly when low > 0 or high < 0: t <= k holds for
+    the lower side exactly when diffs[k] > 0. (k = ceil(alpha N / 2) - 1 broke this under
+    rounding: 0.07 * 200 / 2 is 7.000000000000001, so k was 7 while p(7) = 0.07 is not below 0.07.)"""
+    n = len(diffs)
+
+    def p_of(rarer: int) -> float:
+        return min(1.0, 2 * rarer / n)
+
+    k = sum(p_of(t) < alpha for t in range(n + 1)) - 1  # p_of grows with t; k < n / 2 as alpha < 1
+    rarer = min(int(np.sum(diffs <= 0)), int(np.sum(diffs >= 0)))
+    return p_of(rarer), float(diffs[k]), float(diffs[-k - 1])
+
+
 def paired_bootstrap(baseline_hyps: list[str], system_hyps: list[str], refs: list[str], metric: str = "bleu",
                      n_samples: int = 1000, seed: int = 12345, alpha: float = 0.05) -> dict:
     """Is `system` better or worse than `baseline` by more than chance? Paired bootstrap resampling
@@ -124,13 +142,16 @@ def paired_bootstrap(baseline_hyps: list[str], system_hyps: list[str], refs: lis
     Returns the two scores, their difference, the (1 − alpha) percentile interval of the difference
     ("low", "high") and the two-sided percentile p-value: twice the share of resamples on the rarer
     side of 0, so 1.0 for systems that never differ. The interval is read at the same order
-    statistics the p-value counts, so p < alpha exactly when the interval excludes 0. (sacreBLEU's
-    --paired-bs p never exceeds about 0.5: it is not two-sided.) metric: "bleu" (13a) or "chrf"."""
+    statistics the p-value counts, so p < alpha exactly when the interval excludes 0
+    (`percentile_test`). (sacreBLEU's --paired-bs p never exceeds about 0.5: it is not two-sided.)
+    metric: "bleu" (13a) or "chrf"; 0 < alpha < 1."""
     if not len(baseline_hyps) == len(system_hyps) == len(refs):
         raise ValueError(f"{len(baseline_hyps)} baseline and {len(system_hyps)} system hypotheses but "
                          f"{len(refs)} references: all three must be line-aligned")
     if not refs:
         raise ValueError("no sentences to resample")
+    if not 0 < alpha < 1 or n_samples < 1:
+        raise ValueError(f"alpha={alpha}, n_samples={n_samples}: need 0 < alpha < 1 and n_samples >= 1")
     metrics = {"bleu": (BLEU, "BLEU"), "chrf": (CHRF, "chrF2")}
     if metric not in metrics:
         raise ValueError(f"metric={metric}: must be one of {', '.join(metrics)}")
@@ -145,12 +166,10 @@ def paired_bootstrap(baseline_hyps: list[str], system_hyps: list[str], refs: lis
 
     observed = (score(base.sum(0)), score(system.sum(0)))
     diffs = np.sort([score(s) - score(b) for b, s in zip(counts @ base, counts @ system)])
-    tail = int(np.sum(diffs <= 0)), int(np.sum(diffs >= 0))
-    k = math.ceil(alpha * n_samples / 2) - 1  # the interval's ends are the (k+1)-th smallest and largest
-    low, high = (float(diffs[k]), float(diffs[-k - 1])) if k >= 0 else (-math.inf, math.inf)
+    p_value, low, high = percentile_test(diffs, alpha)
     return {"metric": name, "baseline": observed[0], "system": observed[1],
             "difference": observed[1] - observed[0], "low": low, "high": high, "alpha": alpha,
-            "p_value": min(1.0, 2 * min(tail) / n_samples), "n_samples": n_samples, "seed": seed,
+            "p_value": p_value, "n_samples": n_samples, "seed": seed,
             "signature": f"{scorer.get_signature()}|paired-bootstrap:{n_samples}|seed:{seed}"}
 
 

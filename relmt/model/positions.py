@@ -178,31 +178,38 @@ def distances(n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
 
 
 class _CachedBias(nn.Module):
-    """A bias that depends on the distance j - i alone, so the bias of n queries from q_offset against m
-    keys is the window [q_offset:q_offset + n, :m] of one square (H, L, L) bias: one tensor per stack,
-    grown (to the next power of two) when a longer pass comes, serves every shape (the a^K route's
-    per-length reuse). Validation and decoding ask for it again and again, and so does training when the
-    bias has no parameters (ALiBi). A learned bias (T5) is computed afresh while gradients flow, and kept
-    only until its table changes."""
+    """A bias that depends on the distance j - i alone, in two parts: an index of distances that holds no
+    parameter (|j - i| for ALiBi, T5's bucket), and the lookup of the weights at that index. The index of n
+    queries from q_offset against m keys is the window [q_offset:q_offset + n, :m] of one square (L, L)
+    index: one tensor per stack, grown (to the next power of two) when a longer pass comes, serves every
+    shape and decoding step (the a^K route's per-length reuse). The lookup (a multiply for ALiBi, a gather
+    for T5) runs at every call, so the bias follows every change of the weights, however it was made: an
+    earlier cache of the bias itself, keyed on the weights' versions, went stale after a fused Adam step or
+    `p.data.copy_()`, which keep the version (issue 42 §4)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._square: Tensor | None = None
-        self._key: tuple = ()
+        self._index: Tensor | None = None  # (L, L) int64, on the last pass's device
 
-    def bias(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+    def index(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+        """(n, m) int64, parameter-free: what the bias of (query q_offset + i, key j) is looked up by."""
         raise NotImplementedError
 
+    def lookup(self, index: Tensor) -> Tensor:
+        """(n, m) index -> (H, n, m) bias."""
+        raise NotImplementedError
+
+    def bias(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+        return self.lookup(self.index(n, m, q_offset, device))
+
     def terms(self, n: int, m: int, q_offset: int, device: torch.device, dtype: torch.dtype) -> PositionTerms:
-        learned = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        if learned or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             return PositionTerms(bias=self.bias(n, m, q_offset, device).to(dtype))
         need = max(q_offset + n, m)
-        key = (device, dtype, *(p._version for p in self.parameters()))
-        if self._square is None or self._key != key or self._square.shape[-1] < need:
+        if self._index is None or self._index.device != device or self._index.shape[-1] < need:
             size = 1 << max(need - 1, 1).bit_length()
-            self._square, self._key = self.bias(size, size, 0, device).to(dtype), key
-        return PositionTerms(bias=self._square[:, q_offset:q_offset + n, :m])
+            self._index = self.index(size, size, 0, device)
+        return PositionTerms(bias=self.lookup(self._index[q_offset:q_offset + n, :m]).to(dtype))
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -224,8 +231,11 @@ class ALiBi(_CachedBias):
         super().__init__()
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
 
-    def bias(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
-        return -self.slopes.to(device)[:, None, None] * distances(n, m, q_offset, device).abs()
+    def index(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+        return distances(n, m, q_offset, device).abs()
+
+    def lookup(self, index: Tensor) -> Tensor:
+        return -self.slopes.to(index.device)[:, None, None] * index
 
 
 def t5_buckets(relative: Tensor, bidirectional: bool, n_buckets: int = 32, max_distance: int = 128) -> Tensor:
@@ -258,6 +268,8 @@ class T5Bias(_CachedBias):
         self.table = nn.Embedding(n_buckets, n_heads)
         nn.init.normal_(self.table.weight, std=d_model ** -0.5)
 
-    def bias(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
-        buckets = t5_buckets(distances(n, m, q_offset, device), self.bidirectional, self.n_buckets, self.max_distance)
-        return self.table(buckets).permute(2, 0, 1)  # (H, n, m)
+    def index(self, n: int, m: int, q_offset: int, device: torch.device) -> Tensor:
+        return t5_buckets(distances(n, m, q_offset, device), self.bidirectional, self.n_buckets, self.max_distance)
+
+    def lookup(self, index: Tensor) -> Tensor:
+        return self.table(index).permute(2, 0, 1)  # (H, n, m)
