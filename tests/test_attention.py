@@ -257,19 +257,22 @@ def test_float32_train_mode_replays_the_dropout_mask():
     torch.testing.assert_close(train_out[0], want[0].float(), rtol=tol, atol=tol)
 
 
-def test_the_query_scale_kept_for_decoding_follows_every_weight_update():
+def test_the_query_scale_follows_every_weight_update():
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 2, 0.0).eval()
     x = torch.randn(2, 3, 16)
     k, v = mha.project_kv(torch.randn(2, 4, 16))
     k, v = k.detach(), v.detach()
     with torch.no_grad():
-        before = mha(x, k, v)
-        assert torch.equal(mha(x, k, v), before)  # the kept weights serve the next call
+        before, w = mha(x, k, v), mha.q_proj.weight.clone()
+        assert torch.equal(mha(x, k, v), before)
         mha.q_proj.weight.add_(0.5)  # an in-place update, as an optimizer step makes
         after = mha(x, k, v)
     assert not torch.allclose(after, before)
     assert torch.equal(after, mha(x, k, v).detach())  # with gradients: computed afresh, bitwise equal
+    with torch.no_grad():
+        mha.q_proj.weight.data.copy_(w)  # a change that keeps the version (issue 42 §4)
+        assert torch.equal(mha(x, k, v), before)
     other = MultiHeadAttention(16, 2, 0.0).eval()
     with torch.no_grad():
         mha.load_state_dict(other.state_dict())
