@@ -53,12 +53,20 @@ USAGE = {
                     "             [max_positions=2048] [force=false]\n"
                     "Write a CTranslate2 model directory (model.bin, config.json, shared_vocabulary.json) with the\n"
                     "checkpoint's sentencepiece model beside it (sentencepiece.model). quantization: any of\n"
-                    "CTranslate2's weight types (default: float32). max_positions: the longest source or target\n"
-                    "the absolute encodings cover (abs, both and none). Needs ctranslate2 (the export extra); a\n"
+                    "CTranslate2's weight types (default: float32; format=onnx and aoti write float32 only).\n"
+                    "max_positions: the longest source or target the absolute encodings cover (abs, both and\n"
+                    "none). Needs ctranslate2 (the export extra); a\n"
                     "model with per-head relative tables (model.relative_share_heads=false) cannot be exported.\n"
                     "format=onnx writes encoder.onnx and step.onnx (every model: relmt's searches run on them with\n"
                     "onnxruntime, as relmt-translate engine=onnx does) with sentencepiece.model (needs relmt[onnx]);\n"
                     "format=aoti compiles them with AOTInductor into encoder.pt2 and step.pt2 (engine=aoti).",
+}
+# One whole command per command, for the message that a missing required argument gets
+EXAMPLES = {
+    "relmt-translate": "relmt-translate checkpoint=runs/x/checkpoints/best.pt input=test.en output=test.de",
+    "relmt-score": "relmt-score hyp=test.hyp.de ref=test.de",
+    "relmt-average": "relmt-average output=averaged.pt dir=runs/x/checkpoints last=5",
+    "relmt-export": "relmt-export checkpoint=runs/x/checkpoints/best.pt output=exported/x",
 }
 
 
@@ -132,22 +140,38 @@ def closest(word: str, choices: list[str]) -> str:
     return f" (did you mean {near[0]}?)" if near else ""
 
 
-def parse_args(schema: type, argv: list[str]):
+def required(keys: list[str], example: str) -> UserError:
+    """'checkpoint= is required, e.g. relmt-translate checkpoint=...', where OmegaConf would name the
+    schema class and the full_key."""
+    return UserError(f"{' and '.join(k + '=' for k in keys)} {'is' if len(keys) == 1 else 'are'} required"
+                     + (f", e.g. {example}" if example else ""))
+
+
+def parse_args(schema: type, argv: list[str], example: str = ""):
     """key=value arguments validated against a dataclass schema: a bare word, an unknown key (with the
-    nearest known one) and a bad type fail, naming the argument."""
+    nearest known one), a missing required one (a field left at "???"; with `example`, a whole
+    command) and a bad type fail, naming the argument. Required keys are checked first."""
     from dataclasses import fields
 
     from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
 
     keys = [f.name for f in fields(schema)]
-    example = " ".join(f"{f.name}=..." for f in fields(schema) if f.default == "???") or f"{keys[0]}=..."
+    needed = [f.name for f in fields(schema) if f.default == "???"]
+    words = " ".join(f"{k}=..." for k in needed) or f"{keys[0]}=..."
     for arg in argv:
         key, eq, _ = arg.partition("=")
         if not eq:
-            raise UserError(f"'{arg}': arguments are key=value, e.g. {example} (keys: {', '.join(keys)})")
+            raise UserError(f"'{arg}': arguments are key=value, e.g. {example or words} (keys: {', '.join(keys)})")
         if key.split(".")[0] not in keys:
             raise UserError(f"{key}: no such argument{closest(key, keys)}; the arguments are {', '.join(keys)}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv)))
+    given = {key for key, _, value in (a.partition("=") for a in argv) if value != "???"}
+    if missing := [k for k in needed if k not in given]:
+        raise required(missing, example)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv)))
+    except MissingMandatoryValue as e:  # the check above should leave none; said the same way all the same
+        raise required([str(e.full_key)], example) from None
 
 
 @dataclass
@@ -163,7 +187,7 @@ def _average(argv: list[str]) -> None:
 
     from relmt import checkpoint
 
-    args = parse_args(AverageArgs, argv)
+    args = parse_args(AverageArgs, argv, EXAMPLES["relmt-average"])
     if bool(args.dir) == bool(args.checkpoints):
         raise UserError("give either dir=RUN/checkpoints (with last=N) or checkpoints=[a.pt,b.pt,...]")
     if args.dir:
@@ -278,7 +302,9 @@ def read_references(reference: str, source: str) -> list[str]:
 
 def _translate(argv: list[str]) -> None:
     from dataclasses import replace
+    from pathlib import Path
 
+    from relmt import checkpoint
     from relmt.config import EosCandidates, LengthNorm
     from relmt.decode.translator import Translator
     from relmt.runtime import tune_cpu
@@ -288,7 +314,7 @@ def _translate(argv: list[str]) -> None:
         if key in TRANSLATE_RENAMED_KEYS:
             raise UserError(f"{key}: renamed {TRANSLATE_RENAMED_KEYS[key]} (source tokens per decoding batch); "
                             f"give {TRANSLATE_RENAMED_KEYS[key]}={arg.partition('=')[2] or 'N'}")
-    args = parse_args(TranslateArgs, argv)
+    args = parse_args(TranslateArgs, argv, EXAMPLES["relmt-translate"])
     setup_logging(logging.WARNING)
     if args.buffer_lines < 1:
         raise UserError(f"buffer_lines={args.buffer_lines}: must be >= 1")
@@ -299,6 +325,9 @@ def _translate(argv: list[str]) -> None:
     paths = [str(p) for p in args.checkpoint] if isinstance(args.checkpoint, list) else [str(args.checkpoint)]
     if not paths:
         raise UserError("checkpoint=[]: give a checkpoint, or a list of them for an ensemble")
+    for path in paths:  # a missing checkpoint is said first: without it there is nothing to run (a run
+        if not Path(path).is_dir() and not checkpoint.resolve(path).is_file():  # directory is resolved later)
+            raise UserError(f"checkpoint={path}: no such checkpoint")
     chunks = read_input(args.input, args.buffer_lines)  # a missing input fails before the model loads
     name = args.input if args.input not in ("", "-") else "<stdin>"
     refs = read_references(args.reference, args.input) if args.reference else None  # so does a misaligned one
@@ -379,7 +408,7 @@ def _score(argv: list[str]) -> None:
     from relmt.data.sources import read_lines
     from relmt.evaluate.metrics import moses_lang, report, score
 
-    args = parse_args(ScoreArgs, argv)
+    args = parse_args(ScoreArgs, argv, EXAMPLES["relmt-score"])
     if args.lang and moses_lang(args.lang) != args.lang:
         raise UserError(f"lang={args.lang}: Moses has no tokenization rules for it; give a code such as de, "
                         "en or fr, or leave lang out to use the ref file's suffix (else en)")
@@ -404,17 +433,20 @@ class ExportArgs:
     checkpoint: str = "???"
     output: str = "???"
     format: str = "ctranslate2"
-    quantization: str = ""  # a CTranslate2 weight type; default: float32
+    quantization: str = ""  # a CTranslate2 weight type (onnx and aoti write float32 only); default: float32
     max_positions: int = 2048  # rows of the absolute-encoding table: the longest source or target
     force: bool = False  # replace an existing output directory
 
 
 def _export(argv: list[str]) -> None:
-    args = parse_args(ExportArgs, argv)
+    args = parse_args(ExportArgs, argv, EXAMPLES["relmt-export"])
     if args.format not in ("ctranslate2", "onnx", "aoti"):
         raise UserError(f"format={args.format}: the export formats are ctranslate2, onnx and aoti")
+    from relmt.export.engines import Engine, check_quantization
+
+    check_quantization(Engine(args.format), args.quantization)
     if args.format in ("onnx", "aoti"):
-        from relmt.export.engines import Engine, export_checkpoint
+        from relmt.export.engines import export_checkpoint
 
         if args.format == "onnx":
             try:
@@ -544,6 +576,44 @@ def resume_command(task_overrides: list[str], run_dir: str) -> str:
                      shell_word(f"hydra.run.dir={hydra_value(run_dir)}")])
 
 
+# Overrides that the resume commands set themselves (or that Hydra adds for -m)
+RESUME_SETS = ("train.resume=", "hydra.run.dir=", "hydra.sweep.dir=", "hydra.mode=")
+
+
+def sweep_resume_command(overrides: list[str], sweep_dir: str) -> str:
+    """The command that requeues a whole -m sweep (README, Exit status): its overrides as given,
+    train.resume=true and its directory. Its completed jobs are skipped, the others resume or start."""
+    args = [o for o in overrides if not o.startswith(RESUME_SETS)]
+    return " ".join(["relmt-train", "-m", *map(shell_word, args), "train.resume=true",
+                     shell_word(f"hydra.sweep.dir={hydra_value(sweep_dir)}")])
+
+
+def sweep_overrides(hydra) -> list[str]:
+    """The overrides a sweep was launched with, the task's (model.positions=abs,rel) and then Hydra's
+    own (hydra/launcher=parallel), from the multirun.yaml that Hydra writes into the sweep directory:
+    a job's HydraConfig holds only its own point of the sweep, which is the fallback."""
+    from pathlib import Path
+
+    import yaml
+
+    try:
+        saved = yaml.safe_load((Path(str(hydra.sweep.dir)) / "multirun.yaml").read_text())["hydra"]["overrides"]
+        given = [*saved["task"], *saved["hydra"]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        given = [*hydra.overrides.task, *hydra.overrides.hydra]
+    return [str(o) for o in given if not str(o).startswith(RESUME_SETS)]
+
+
+def resume_hint(hydra, out_dir: str) -> str:
+    """What an interrupted job prints: for a job of a -m sweep, the sweep requeued; else the run
+    resumed. `hydra` is the job's HydraConfig, None when _train_job is called as a function."""
+    from hydra.types import RunMode
+
+    if hydra is not None and hydra.mode == RunMode.MULTIRUN:
+        return sweep_resume_command(sweep_overrides(hydra), run_dir_label(str(hydra.sweep.dir)))
+    return resume_command(list(hydra.overrides.task) if hydra is not None else [], out_dir)
+
+
 def log_to_file(level: int, message: str) -> None:
     """`message` into the run's train.log only: the terminal gets it once, from the caller's print."""
     logger = logging.getLogger("relmt")
@@ -591,8 +661,7 @@ def _train_job(dcfg) -> float | None:
         print(message, file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     if metrics["status"] == "interrupted":
-        task = list(hydra.overrides.task) if hydra is not None else []
-        message = f"relmt-train: interrupted; resume with: {resume_command(task, out_dir)}"
+        message = f"relmt-train: interrupted; resume with: {resume_hint(hydra, out_dir)}"
         log_to_file(logging.WARNING, message)
         print(message, file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

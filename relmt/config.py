@@ -9,6 +9,7 @@ Hydra at module level: `register_configs` does, and only the CLI calls it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -125,6 +126,23 @@ class ToyConfig:
     max_words: int = 16  # L: train/valid/test have 1..L words, test_long has L+1..2L
 
 
+def source_checkout() -> Path | None:
+    """The source checkout relmt runs from (relmt/ beside pyproject.toml: the tree itself or an editable
+    install), or None for an installed wheel."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def default_cache_dir() -> str:
+    """data.cache_dir's default: data/cache in a source checkout (gitignored; relative to the working
+    directory), else the user's cache directory, $XDG_CACHE_HOME/relmt or ~/.cache/relmt (the XDG
+    base directory rule), so that an installed relmt does not fill ./data/cache wherever it runs."""
+    if source_checkout() is not None:
+        return "data/cache"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return str((Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "relmt")
+
+
 @dataclass
 class DataConfig:
     """One corpus and how it becomes token ids (presets in configs/data/)."""
@@ -158,7 +176,7 @@ class DataConfig:
     # drop training pairs whose source has more words (whitespace-separated) than this; 0 = off. For
     # length generalisation (Shaw §3.2: clipping lets a model meet lengths unseen in training)
     train_max_src_words: int = 0
-    cache_dir: str = "data/cache"
+    cache_dir: str = field(default_factory=default_cache_dir)  # data/cache in a checkout, else ~/.cache/relmt
     num_proc: int = 1  # processes for datasets.map
     # upper edges (source words) of the buckets for BLEU by source length, reported on the test splits
     length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
@@ -168,7 +186,9 @@ class DataConfig:
             for split in ("train", "valid"):
                 _check(split in self.splits, "data.splits",
                        f"must map '{split}' to a split of the source, got {dict(self.splits)}")
-        _check(self.source != Source.text or bool(self.dir), "data.dir", "is required for source=text")
+        _check(self.source != Source.text or bool(self.dir), "data.dir",
+               f"is required for source=text: the folder of the {{split}}.{{{self.src},{self.tgt}}} files "
+               f"(splits {', '.join(self.splits.values())}), e.g. data.dir=path/to/corpus")
         _check(self.source != Source.hf or bool(self.hf_path), "data.hf_path", "is required for source=hf")
         _check(self.src != self.tgt, "data.tgt", f"must differ from data.src ({self.src})")
         _check(self.vocab_size >= 8, "data.vocab_size", f"must be >= 8, got {self.vocab_size}")
@@ -321,8 +341,15 @@ class DecodeConfig:
     beam: int = 4  # 1 = greedy
     lenpen: float = 0.6  # length penalty alpha: scores are divided by ((5 + |y|) / 6)^alpha (length_norm)
     length_norm: LengthNorm = LengthNorm.gnmt  # gnmt, or power: |y|^alpha (fairseq, CTranslate2)
-    max_len_a: float = 1.0  # a hypothesis has at most a * source length + b tokens (t2t: +50)
-    max_len_b: int = 50
+    # A hypothesis has at most floor(a * |x| + b) tokens, |x| the source's pieces and its EOS: the one rule of
+    # validation, the test splits and relmt-translate (relmt/decode/beam.py's max_lengths, which every search
+    # calls; relmt/export/decoding.py's for CTranslate2). tensor2tensor's |x| + 50 (a = 1, b = 50) let an
+    # untrained model, which rarely ends a sentence, run 50 steps past every source (issue 42). 2|x| + 10
+    # truncates no reference of Multi30k's valid and test sets, the toy corpus, or newstest2014 en-de and
+    # en-fr (each with its own BPE; references reach 2.7x their source), and halves those steps on the toy
+    # corpus (a third fewer on Multi30k). The experiments with committed runs keep a = 1, b = 50.
+    max_len_a: float = 2.0
+    max_len_b: int = 10
     # per decoding batch: batch size x longest source, EOS and padding included (source tokens
     # only; training's train.max_padded_tokens counts source + target)
     max_source_tokens: int = 8000
@@ -403,10 +430,16 @@ def register_configs() -> None:
 
 
 def to_config(cfg) -> Config:
-    """A composed DictConfig -> typed `Config`, running every `__post_init__` check."""
+    """A composed DictConfig -> typed `Config`, running every `__post_init__` check. A key left at ???
+    is a ValueError in plain words, as the checks' are (OmegaConf's names the schema class)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
 
-    return OmegaConf.to_object(cfg)
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:
+        raise ValueError(f"{e.full_key}: is required (the config leaves it at ???): give it on the command "
+                         f"line, e.g. {e.full_key}=VALUE") from None
 
 
 def to_dict(cfg: Any) -> dict:

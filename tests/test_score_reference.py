@@ -135,8 +135,10 @@ def test_misaligned_files_are_an_error_naming_both(ckpt, tmp_path, capsys, monke
     import io
 
     src, ref = write(tmp_path / "in.en", SENTENCES[:3]), write(tmp_path / "ref.de", REFERENCES[:2])
-    # a file input is counted before the model loads: a missing checkpoint is not reached
-    assert guarded("relmt-translate", _translate, [f"checkpoint={tmp_path}/none.pt", f"input={src}",
+    # a file input is counted before the model loads: an unreadable checkpoint is not reached (a missing one
+    # is said first, issue 42)
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    assert guarded("relmt-translate", _translate, [f"checkpoint={tmp_path}/garbage.pt", f"input={src}",
                                                    f"reference={ref}"]) == 2
     err = capsys.readouterr().err
     assert f"{src} has 3 lines but reference={ref} has 2" in err and "Traceback" not in err

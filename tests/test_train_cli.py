@@ -121,9 +121,9 @@ def test_progress_and_an_eta_show_after_ten_updates(tmp_path):
 
 
 def test_an_interrupted_sweep_requeued_resumes_starts_and_skips_its_jobs(tmp_path):
-    """SIGINT in the first job of a two-job sweep exits 3 and prints a resume command that works pasted into
-    a shell; the sweep requeued with train.resume=true resumes the first job, starts the second (which never
-    started) from scratch, and requeued once more skips both."""
+    """SIGINT in the first job of a two-job sweep exits 3 and prints the command that requeues the sweep,
+    which works pasted into a shell; the sweep requeued with train.resume=true resumes the first job, starts
+    the second (which never started) from scratch, and requeued once more skips both."""
     sweep = tmp_path / "sweep"
     base = [RELMT_TRAIN, "-m", *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}",
             "train.max_steps=40", "train.valid_bleu=false", "model.positions=abs,rel"]
@@ -138,7 +138,9 @@ def test_an_interrupted_sweep_requeued_resumes_starts_and_skips_its_jobs(tmp_pat
     assert proc.returncode == EXIT_INTERRUPTED, err
     assert len(jobs()) == 1
     hint = next(line for line in err.splitlines() if "resume with: " in line).split("resume with: ")[1]
-    assert "'hydra.run.dir=" not in hint and "hydra.run.dir='" in hint  # Hydra-quoted, then shell-quoted
+    # the sweep requeued (issue 42 §5), with the overrides as given, not the job's own point
+    assert hint.startswith("relmt-train -m ") and "model.positions=abs,rel" in hint, hint
+    assert hint.endswith(f"train.resume=true hydra.sweep.dir={sweep}") and "hydra.run.dir" not in hint, hint
 
     done = subprocess.run([*base, "train.resume=true"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -157,7 +159,8 @@ def test_an_interrupted_sweep_requeued_resumes_starts_and_skips_its_jobs(tmp_pat
     pasted = subprocess.run(["bash", "-c", hint.replace("relmt-train", RELMT_TRAIN, 1)], capture_output=True,
                             text=True, timeout=300)
     assert pasted.returncode == 0, pasted.stderr
-    assert (first / "train.log").read_text().count("already completed (metrics.json)") == 2
+    for job in (first, second):
+        assert (job / "train.log").read_text().count("already completed (metrics.json)") == 2
 
 
 def test_resume_without_the_run_directory_says_how_to_give_it(tmp_path):

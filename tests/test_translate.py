@@ -84,7 +84,8 @@ def test_beam_one_is_greedy_through_the_api(ckpt):
     translator = Translator.from_checkpoint(ckpt)
     ids = [x + [EOS_ID] for x in translator.tokenizer.encode(SENTENCES[:1])]
     greedy = greedy_decode(translator.model, torch.tensor(ids), BOS_ID, EOS_ID, 1.0, 8)
-    assert translator.translate(SENTENCES[:1], beam=1, max_len_b=8) == translator.tokenizer.decode(greedy)
+    assert translator.translate(SENTENCES[:1], beam=1, max_len_a=1.0, max_len_b=8) == \
+        translator.tokenizer.decode(greedy)
 
 
 def test_nbest_scores_are_sorted(ckpt):

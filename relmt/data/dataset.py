@@ -242,10 +242,30 @@ def _write_ids(table: pa.Table, keep: np.ndarray | None, folder: Path, split: st
         del values
 
 
+def _drop_or_refuse_empty_splits(cfg: DataConfig, raw: datasets.DatasetDict) -> None:
+    """Refuse an empty evaluation split, naming its files: validation needs pairs, and an empty test
+    split would end in datasets' KeyError (a map over no rows adds no columns). The toy's test
+    splits are the exception: data.toy.n_test=0 (or n_test_long=0) is how one asks for none."""
+    for name in [n for n, ds in raw.items() if n != "train" and len(ds) == 0]:
+        if cfg.source == Source.toy and name != "valid":
+            log.info("the toy split '%s' is empty (data.toy.n_%s=0): left out", name, name)
+            del raw[name]
+        elif cfg.source == Source.toy:
+            raise UserError(f"{origin(cfg, name)}: the validation split is empty; set data.toy.n_valid >= 1")
+        elif name == "valid":
+            raise UserError(f"{origin(cfg, name)}: the validation split is empty, and validation (best.pt) "
+                            "needs it: put sentence pairs in them (one sentence per line, aligned), or map "
+                            "data.splits.valid to another split")
+        else:
+            raise UserError(f"{origin(cfg, name)}: the test split '{name}' is empty; put sentence pairs in it, "
+                            f"or leave it out with ~data.splits.{name} on the command line")
+
+
 def _build(cfg: DataConfig, out: Path) -> dict:
     t0 = time.perf_counter()
     raw = load_pairs(cfg)
     log.info("loaded %s: %s", cfg.name, {name: len(ds) for name, ds in raw.items()})
+    _drop_or_refuse_empty_splits(cfg, raw)
     t_load = time.perf_counter()
     # sentencepiece fails on no input with a RuntimeError from C++; say which files are empty instead
     sentences = _training_sentences(raw["train"])
@@ -331,10 +351,16 @@ def _publish(cfg: DataConfig, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed build; gone already after the rename
 
 
+_ANNOUNCED: set[Path] = set()  # the cache folders whose place has been logged in this process
+
+
 def prepare(cfg: DataConfig) -> Corpus:
     """Build the vocabulary and encoded splits for `cfg`, or load them from the cache."""
     t0 = time.perf_counter()
     root = Path(cfg.cache_dir)
+    if root.absolute() not in _ANNOUNCED:  # once: the default depends on where relmt is installed
+        _ANNOUNCED.add(root.absolute())
+        log.info("data cache: %s (data.cache_dir=... to put it elsewhere)", root.absolute())
     final = root / f"{cfg.name}-{cache_key(cfg)}"
     built = False
     if not (final / "meta.json").is_file():  # published entries are complete: loading needs no lock

@@ -21,7 +21,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from relmt.config import DataConfig, Source
+from relmt.config import DataConfig, Source, source_checkout
 from relmt.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -104,10 +104,19 @@ def origin(cfg: DataConfig, name: str) -> str:
     return f"split '{split}' of {cfg.hf_path} (data.splits.{name}={split})"
 
 
+def multi30k_advice(folder: str) -> str:
+    """How to fetch Multi30k into `folder`: the checkout's script, or (the wheel lacks it) what it does."""
+    if source_checkout() is not None:
+        return f" (Multi30k: `data/get_multi30k.sh {folder}` downloads it there)"
+    return (" (Multi30k: download the raw files of github.com/multi30k/dataset, data/task1/raw/{train,val,"
+            "test_2016_flickr,test_2017_flickr,test_2017_mscoco}.{en,de}.gz, gunzip them into it and rename val "
+            "to valid and test_2016_flickr to test)")
+
+
 def _text(cfg: DataConfig) -> datasets.DatasetDict:
     folder = Path(cfg.dir)
     if not folder.is_dir():
-        hint = f" (Multi30k: `data/get_multi30k.sh {cfg.dir}` downloads it there)" if "multi30k" in str(cfg.dir) else ""
+        hint = multi30k_advice(cfg.dir) if "multi30k" in str(cfg.dir) else ""
         raise UserError(f"data.dir={cfg.dir}: no such directory{hint}; point data.dir= at the folder of the "
                         f"{{split}}.{{{cfg.src},{cfg.tgt}}} files")
     out = {}

@@ -131,6 +131,7 @@ class Translator:
             if not models:
                 cfg = from_dict(ck["config"])
                 tokenizer, first, first_spm = checkpoint_tokenizer(ck["spm"]), path, ck["spm"]["model"]
+                step = ck.get("step")
             else:
                 check_same_vocabulary(path, ck, first, first_spm, tokenizer.vocab_size)
             model = build_model(from_dict(ck["config"]).model, tokenizer.vocab_size, PAD_ID)
@@ -153,10 +154,13 @@ class Translator:
             return cls(graphs[0] if len(graphs) == 1 else Ensemble(graphs), tokenizer, cfg.decode, dev, None,
                        scorer=model)
         if kind == Engine.ctranslate2:
-            from relmt.export.ctranslate2 import check_exportable
+            from relmt.export.ctranslate2 import RelmtConverter, check_exportable, export_info
 
             check_exportable(cfg.model)  # per-head tables and alibi are refused before anything is written
-            return cls(model, tokenizer, cfg.decode, dev, None, ct2=Ct2Model(path, checksum))
+            # converted from the weights read above, whose checksum names the artefact (issue 42 §3)
+            converter = RelmtConverter(model, Tokenizer(tokenizer.path, model=first_spm),
+                                       info=export_info(path, step, cfg))
+            return cls(model, tokenizer, cfg.decode, dev, None, ct2=Ct2Model(path, checksum, converter))
         return cls(model, tokenizer, cfg.decode, dev, dtype)
 
     def translate(self, sentences: list[str] | str, **decode: object) -> list[str] | str:

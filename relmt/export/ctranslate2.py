@@ -53,7 +53,7 @@ from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES, OPTIONAL
 from torch import Tensor, nn
 
 from relmt import checkpoint
-from relmt.config import ModelConfig, from_dict, to_dict
+from relmt.config import Config, ModelConfig, from_dict, to_dict
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from relmt.errors import UserError
 from relmt.export.decoding import INFO_FILE
@@ -63,6 +63,9 @@ from relmt.model.transformer import DecoderLayer, EncoderLayer, FeedForward, Tra
 
 QUANTIZATIONS = ACCEPTED_MODEL_TYPES
 SPM_FILE = "sentencepiece.model"
+# Part of the key of every engine=ctranslate2 artefact (relmt/export/engines.py: `dependencies`). Bump it
+# whenever a change to this file changes the model directory it writes, so older conversions get rebuilt.
+CONVERTER_VERSION = 1
 
 
 PER_HEAD = ("model.relative_share_heads=false: this model has one a^K/a^V table per attention head "
@@ -242,6 +245,11 @@ def model_spec(model: Transformer, pieces: list[str], max_positions: int = 2048)
     return spec
 
 
+def export_info(path: str | Path, step: int | None, cfg: Config) -> dict:
+    """What relmt_export.json records of the checkpoint: where it was, its step, its model and decode config."""
+    return {"checkpoint": str(path), "step": step, "model": to_dict(cfg.model), "decode": to_dict(cfg.decode)}
+
+
 class RelmtConverter(Converter):
     """CTranslate2's converter interface for a relmt model: `convert(output_dir, quantization=...)`
     writes the model directory, with the sentencepiece model (and `info`, as relmt_export.json)
@@ -264,9 +272,7 @@ class RelmtConverter(Converter):
         tokenizer = Tokenizer(spm.get("path", SPM_FILE), model=spm["model"])
         model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID)
         checkpoint.load_model_state(model, ck["model"], path)
-        info = {"checkpoint": str(path), "step": ck.get("step"), "model": to_dict(cfg.model),
-                "decode": to_dict(cfg.decode)}
-        return cls(model, tokenizer, max_positions, info)
+        return cls(model, tokenizer, max_positions, export_info(path, ck.get("step"), cfg))
 
     def _load(self) -> transformer_spec.TransformerSpec:
         pieces = [self.tokenizer.sp.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]

@@ -27,6 +27,11 @@ from relmt.model.transformer import Transformer
 
 STEP_INPUTS = ("tokens", "keep", "cross_k", "cross_v", "self_k", "self_v", "order")
 
+# Part of the key of every onnx and aoti artefact (relmt/export/engines.py: `dependencies`). Bump it whenever a
+# change to this file (or to the model code the graphs trace) changes what is exported: the graphs' inputs,
+# outputs or what they compute. Artefacts made by the older code then get rebuilt instead of reused.
+GRAPHS_VERSION = 1
+
 
 class EncoderGraph(nn.Module):
     def __init__(self, model: Transformer) -> None:

@@ -8,6 +8,7 @@ exporter): encoder.onnx and step.onnx, and onnx.json (the shapes the engine need
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -21,6 +22,17 @@ from relmt.model.transformer import Transformer
 
 FILES = ("encoder.onnx", "step.onnx", "onnx.json")
 OPSET = 18
+
+
+class _NoTorchvisionNotice(logging.Filter):
+    """torch.onnx's op registry logs "torchvision is not installed. Skipping torchvision::nms" (roi_align,
+    roi_pool, deform_conv2d) each time it is built, twice per export: relmt's graphs hold no vision ops."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("torchvision is not installed")
+
+
+logging.getLogger("torch.onnx._internal.exporter._registration").addFilter(_NoTorchvisionNotice())
 
 
 @torch.no_grad()
