@@ -132,8 +132,8 @@ def test_score_writes_json_only_to_out(tmp_path, capsys):
 def test_score_arguments_are_key_value_and_a_typo_names_the_key(tmp_path, capsys):
     assert guarded("relmt-score", _score, ["a.tgt", "b.tgt"]) == 2
     err = capsys.readouterr().err
-    assert ("'a.tgt': arguments are key=value, e.g. relmt-score hyp=test.hyp.de ref=test.de (keys: hyp, ref, src, lang, "
-            "buckets, out)") in err
+    assert ("'a.tgt': arguments are key=value, e.g. relmt-score hyp=test.hyp.de ref=test.de (keys: hyp, ref, src, "
+            "lang, buckets, out)") in err
     assert guarded("relmt-score", _score, ["hyp_file=a.tgt", "ref=b.tgt"]) == 2
     assert "hyp_file: no such argument (did you mean hyp?)" in capsys.readouterr().err
 

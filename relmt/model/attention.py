@@ -7,6 +7,8 @@ cached ones during incremental decoding. Three routes, all exact:
 - a logits bias (q·a^K, ALiBi, T5): an additive float mask, so the fused kernel still serves;
 - a^V on: the weights alpha are needed explicitly for sum_j alpha_ij a^V_ij, so attention is
   written out (Shaw §3.3), still without any (n, n, d) tensor.
+These are the reference route. Where the (B, H, n, m) logits would be large, relmt/model/routes.py
+hands relative and biased self-attention to a route without them (chunked rows, or FlexAttention).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relmt.dropout import dropout
+from relmt.model import routes
 from relmt.model.positions import NO_TERMS, PositionTerms, RelativePositions, rotate
 
 
@@ -92,6 +95,10 @@ class MultiHeadAttention(nn.Module):
         q = rotate(self._split(F.linear(x, *self.scaled_query_weights())), terms.rotary)  # (B, H, n, D)
         n, m = q.shape[2], k.shape[2]
         p = self.dropout if self.training else 0.0
+        if (self.rel is not None or terms.bias is not None) and (route := routes.choose(q, m, p)) != "reference":
+            # the same attention without the (B, H, n, m) logits: blocks of rows, or FlexAttention (routes.py)
+            z = routes.attend(route, q, k, v, self.rel, terms.bias, mask, causal, q_offset, p)  # (B, H, n, D)
+            return self.out_proj(z.transpose(1, 2).reshape(x.shape[0], n, -1))
         rel, bias, index = self.rel, terms.bias, None  # bias: (H, n, m) or None
         if rel is not None:
             index = rel.index(n, m, q_offset, q.device)  # (n, m) labels clip(j - i, k) + k

@@ -1,0 +1,490 @@
+"""The attention routes without (B, H, n, m) logits equal the reference route (relmt/model/routes.py).
+
+- chunked (relmt/model/chunked.py): blocks of query rows, recomputed in backward, equal the reference
+  route's outputs and every gradient in float64 (to rounding) and float32; with attention dropout, a
+  block's recomputation draws the mask it drew in forward, and the blocks equal the reference route run
+  on the same rows one block after the other.
+- flex (relmt/model/flex.py): the decomposition (kernel out and lse, the band's weights, the two tails'
+  masses) equals the reference with the written-out core (`dense_core`), outputs and gradients with
+  respect to q, k, v (through the projections), w^K, w^V and T5's table; with FlexAttention itself on
+  the CPU (inference only there) forward; on CUDA (make test-gpu) forward and backward, bf16 included.
+Each is checked in encoder self-attention with padding, causal decoder self-attention, a multi-token
+step at an offset and a cached decoding step (one query), for every mode that adds to the logits or
+uses a^V. Then the chooser and its setting.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from relmt.config import ModelConfig
+from relmt.errors import UserError
+from relmt.model import chunked, flex, routes
+from relmt.model.attention import MultiHeadAttention
+from relmt.model.positions import NO_TERMS, ALiBi, RelativePositions, T5Bias
+from relmt.model.transformer import build_model
+from tests import test_incremental as inc
+
+D_MODEL, HEADS = 32, 2  # d_head 16: a head size FlexAttention takes on CUDA
+
+# (relative tables: k, a^K, a^V, shared across heads) or a stack's bias; every mode with a logits term or a^V
+MODES = {
+    "rel": dict(rel=(2, True, True, False)),
+    "rel-keys-only": dict(rel=(2, True, False, False)),
+    "rel-values-only": dict(rel=(3, False, True, False)),
+    "rel-shared-heads": dict(rel=(2, True, True, True)),
+    "rel-k0": dict(rel=(0, True, True, False)),
+    "rel-k-beyond-n": dict(rel=(11, True, True, False)),
+    "alibi": dict(bias="alibi"),
+    "t5": dict(bias="t5"),
+}
+CALLS = ["encoder", "decoder", "offset", "step"]
+TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-5)}
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 2 query rows, so that every chunked call here has several (and a partial last one)."""
+    monkeypatch.setattr(chunked, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(chunked, "_MIN_ROWS", 2)
+
+
+def make(mode: str, call: str, dtype: torch.dtype, dropout: float = 0.0, seed: int = 0):
+    """A self-attention layer, its stack's position module (alibi, t5) or None, and the call's inputs."""
+    torch.manual_seed(seed + sum(map(ord, mode + call)))
+    spec = MODES[mode]
+    rel = RelativePositions(HEADS, D_MODEL // HEADS, *spec["rel"]) if "rel" in spec else None
+    mha = MultiHeadAttention(D_MODEL, HEADS, dropout, rel)
+    positions = {None: None, "alibi": ALiBi(HEADS),
+                 "t5": T5Bias(HEADS, D_MODEL, bidirectional=call == "encoder")}[spec.get("bias")]
+    with torch.no_grad():  # non-zero biases, so that they are checked too
+        for p in mha.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    mha.to(dtype).train(dropout > 0)
+    if positions is not None:
+        positions.to(dtype)
+    B, m = 3, 7
+    n, q_offset = {"encoder": (m, 0), "decoder": (m, 0), "offset": (3, 4), "step": (1, 6)}[call]
+    x = torch.randn(B, n, D_MODEL, dtype=dtype, requires_grad=True)
+    earlier = torch.randn(B, m - n, D_MODEL, dtype=dtype)
+    mask = None
+    if call == "encoder":
+        mask = (torch.arange(m)[None, :] < torch.tensor([m, m - 2, m - 4])[:, None])[:, None, None, :]
+    inputs = dict(x=x, earlier=earlier, mask=mask, causal=call != "encoder", q_offset=q_offset)
+    return mha, positions, inputs
+
+
+def run(route: str, mha: MultiHeadAttention, positions, inputs: dict, seed: int = 1):
+    """The layer's output and the gradients of a fixed weighting of it, by `route`."""
+    x, mask, q_offset = inputs["x"], inputs["mask"], inputs["q_offset"]
+    n = x.shape[1]
+    with routes.use_route(route):
+        torch.manual_seed(seed)
+        kv_in = torch.cat((inputs["earlier"], x), dim=1)
+        m = kv_in.shape[1]
+        terms = NO_TERMS if positions is None else positions.terms(n, m, q_offset, x.device, x.dtype)
+        out = mha(x, *mha.project_kv(kv_in, terms), mask=mask, causal=inputs["causal"], q_offset=q_offset,
+                  terms=terms)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype).to(out.device)
+    leaves = [x, *mha.parameters(), *(positions.parameters() if positions is not None else ())]
+    grads = torch.autograd.grad((out * w).sum(), leaves)
+    return [out, *grads]
+
+
+def assert_all_close(got: list, want: list, dtype: torch.dtype, names: str = "") -> None:
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m, i=i: f"{names} tensor {i}: {m}")
+
+
+CASES = [(mode, call, dtype) for mode in MODES for call in CALLS for dtype in (torch.float64, torch.float32)]
+
+
+@pytest.mark.usefixtures("small_blocks")
+@pytest.mark.parametrize("mode,call,dtype", CASES)
+def test_chunked_equals_reference(mode, call, dtype):
+    mha, positions, inputs = make(mode, call, dtype)
+    assert_all_close(run("chunked", mha, positions, inputs), run("reference", mha, positions, inputs), dtype)
+
+
+@pytest.mark.parametrize("mode,call,dtype", CASES)
+def test_flex_decomposition_with_the_dense_core_equals_reference(mode, call, dtype, monkeypatch):
+    """The flex route's math (band + tails for a^V; score_mod for q·a^K and the bias; block masks),
+    with the kernel written out, so that gradients can be checked on the CPU."""
+    monkeypatch.setattr(flex, "flex_core", flex.dense_core)
+    monkeypatch.setattr(routes, "choose", lambda q, m, p: "flex")
+    mha, positions, inputs = make(mode, call, dtype)
+    got = run("flex", mha, positions, inputs)
+    assert_all_close(got, run("reference", mha, positions, inputs), dtype)
+
+
+def test_the_upper_tail_has_its_own_pass():
+    """The upper tail's mass comes from its own masked pass, exp(lse_upper - lse), so where it is light
+    (~1e-8 of the row) it keeps its relative precision; 1 - band - lower would be off by ~1e-16
+    absolute there, ~1e-8 relative. v = 0 and w^V zero but for the upper label isolate it: z = S_upper w^V."""
+    torch.manual_seed(0)
+    rel = RelativePositions(1, 16, 1, keys=False, values=True).double()
+    with torch.no_grad():
+        rel.w_v[:, :2] = 0.0
+    q = torch.randn(1, 1, 6, 16, dtype=torch.float64)
+    k = torch.zeros(1, 1, 6, 16, dtype=torch.float64)
+    k[..., 1:, :] = -20 * q[..., :1, :] / q[0, 0, 0].pow(2).sum()  # q_0·k_j = -20 for j >= 1, 0 for j = 0
+    v = torch.zeros(1, 1, 6, 16, dtype=torch.float64)
+    alpha = torch.softmax(q @ k.transpose(-1, -2), -1)[0, 0, 0]
+    upper = alpha[1:].sum()  # query 0, k = 1: the keys j >= 1 share label 2k
+    assert 1e-9 < upper < 1e-7
+    z = flex.flex_attention(q, k, v, rel, None, None, False, 0, core=flex.dense_core)
+    torch.testing.assert_close(z[0, 0, 0], upper * rel.w_v[0, 2], rtol=1e-13, atol=0)
+
+
+FLEX_CPU_CASES = [("rel", "encoder"), ("rel", "decoder"), ("rel-shared-heads", "offset"), ("rel", "step"),
+                  ("rel-keys-only", "encoder"), ("t5", "encoder"), ("alibi", "decoder")]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("mode,call", FLEX_CPU_CASES)
+def test_flex_kernel_on_cpu_equals_reference_in_inference(mode, call):
+    """FlexAttention itself (eager on the CPU, where it has no backward): the forward pass."""
+    mha, positions, inputs = make(mode, call, torch.float32)
+    mha.eval()
+    with torch.no_grad():
+        got = run_forward("flex", mha, positions, inputs)
+        want = run_forward("reference", mha, positions, inputs)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+def run_forward(route: str, mha, positions, inputs) -> torch.Tensor:
+    x, q_offset = inputs["x"], inputs["q_offset"]
+    with routes.use_route(route):
+        kv_in = torch.cat((inputs["earlier"], x), dim=1)
+        terms = NO_TERMS if positions is None else positions.terms(x.shape[1], kv_in.shape[1], q_offset,
+                                                                    x.device, x.dtype)
+        return mha(x, *mha.project_kv(kv_in, terms), mask=inputs["mask"], causal=inputs["causal"],
+                   q_offset=q_offset, terms=terms)
+
+
+# --- attention dropout: the chunked route's masks, drawn per block and replayed in backward ---
+
+@pytest.mark.usefixtures("small_blocks")
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("call", ["encoder", "decoder"])
+def test_chunked_backward_replays_each_blocks_dropout_mask(mode, call, monkeypatch):
+    """The same seed gives the same forward and gradients with the blocks recomputed in backward
+    (checkpoint) as with every block's tensors kept: the recomputation drew the forward's masks."""
+    mha, positions, inputs = make(mode, call, torch.float64, dropout=0.3)
+    recomputed = run("chunked", mha, positions, inputs)
+    monkeypatch.setattr(chunked, "checkpoint", lambda fn, *args, **kwargs: fn(*args))
+    kept = run("chunked", mha, positions, inputs)
+    assert_all_close(recomputed, kept, torch.float64)
+    mha.eval()
+    assert (run("chunked", mha, positions, inputs)[0] - recomputed[0]).abs().max() > 1e-2  # dropout was on
+
+
+@pytest.mark.usefixtures("small_blocks")
+@pytest.mark.parametrize("mode", ["rel", "rel-values-only", "rel-shared-heads"])
+def test_chunked_dropout_equals_the_reference_run_block_by_block(mode):
+    """With a^V the reference route writes attention out and draws its dropout mask as a block does: the
+    reference route run on the same rows, one block after the other, gives the chunked route's output."""
+    mha, positions, inputs = make(mode, "encoder", torch.float64, dropout=0.3)
+    got = run("chunked", mha, positions, inputs)[0]
+    x, mask = inputs["x"], inputs["mask"]
+    kv = mha.project_kv(torch.cat((inputs["earlier"], x), dim=1))
+    with routes.use_route("reference"):
+        torch.manual_seed(1)
+        rows = [mha(x[:, i:i + 2], *kv, mask=mask, q_offset=i) for i in range(0, x.shape[1], 2)]
+    torch.testing.assert_close(got, torch.cat(rows, dim=1), rtol=1e-12, atol=1e-12)
+
+
+# --- memory: what autograd keeps for backward ---
+
+def saved_bytes(fn) -> int:
+    """Bytes of the distinct storages autograd saves for backward while fn() runs (deterministic)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("mode", ["rel", "rel-keys-only", "t5"])
+def test_chunked_keeps_no_logits_for_backward(mode, monkeypatch):
+    """The reference keeps at least one (B, H, n, m) tensor for backward; the chunked route (blocks of 16
+    rows here) keeps the blocks' inputs (views of q, k, v and of the stack's bias) and their outputs: beside
+    the stack's (H, n, m) bias (T5, ALiBi), less than half of one."""
+    monkeypatch.setattr(chunked, "BLOCK_BYTES", 1)
+    B, n = 2, 256
+    mha, positions, _ = make(mode, "encoder", torch.float32)
+    x = torch.randn(B, n, D_MODEL, requires_grad=True)
+    terms = NO_TERMS if positions is None else positions.terms(n, n, 0, x.device, x.dtype)
+    logits = B * HEADS * n * n * 4
+    saved = {}
+    for route in ("reference", "chunked"):
+        with routes.use_route(route):
+            saved[route] = saved_bytes(lambda: mha(x, *mha.project_kv(x, terms), terms=terms))
+    stack_bias = 0 if terms.bias is None else terms.bias.untyped_storage().nbytes()  # (H, n, m), one per stack
+    assert saved["reference"] >= logits
+    assert saved["chunked"] - stack_bias < logits / 2, (saved, logits)
+
+
+# --- the chooser and its setting ---
+
+def q_of(b: int, n: int, device: str = "cpu", d: int = 64, dtype=torch.float32) -> torch.Tensor:
+    return torch.zeros(b, 8, n, d, dtype=dtype, device=device)
+
+
+def test_auto_on_the_cpu_chunks_long_rows_with_large_logits(monkeypatch):
+    """auto on the CPU: chunked from CPU_MIN_ROWS rows on, where the (B, H, n, m) logits exceed CHUNK_BYTES;
+    never flex; the reference for a decoding step (one row) and under torch.compile."""
+    assert routes.choose(q_of(4, 1024), 1024, 0.1) == "chunked"  # 128 MiB of logits (bench: 617 -> 174 MiB)
+    assert routes.choose(q_of(4, 1024), 1024, 0.0) == "chunked"  # never flex on the CPU in auto
+    assert routes.choose(q_of(1, 1024), 1024, 0.1) == "reference"  # 32 MiB
+    assert routes.choose(q_of(64, 512), 512, 0.1) == "reference"  # large logits but short rows: time first
+    assert routes.choose(q_of(64, 1), 10**6, 0.0) == "reference"  # a decoding step
+    monkeypatch.setattr(routes, "CHUNK_BYTES", 8 * 1024 * 64 * 4)
+    monkeypatch.setattr(routes, "CPU_MIN_ROWS", 64)
+    assert routes.choose(q_of(1, 64), 1024, 0.0) == "reference"  # exactly the threshold
+    assert routes.choose(q_of(2, 64), 1024, 0.0) == "chunked"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert routes.choose(q_of(2, 64), 1024, 0.0) == "reference"
+
+
+def test_the_layer_takes_the_chosen_route(monkeypatch, small_blocks):
+    """MultiHeadAttention asks the chooser only when it has a relative term or a bias, and runs its pick."""
+    calls = []
+    monkeypatch.setattr(routes, "chunked_attention", lambda *a: calls.append("chunked") or torch.zeros(3, 2, 7, 16))
+    for mode in ("rel", "t5"):
+        mha, positions, inputs = make(mode, "encoder", torch.float32)
+        with routes.use_route("chunked"):
+            run_forward("chunked", mha, positions, inputs)
+    plain = MultiHeadAttention(D_MODEL, HEADS, 0.0)
+    x = torch.randn(3, 7, D_MODEL)
+    with routes.use_route("chunked"):
+        plain(x, *plain.project_kv(x))  # no term to route: SDPA
+    assert calls == ["chunked", "chunked"]
+
+
+def test_forced_routes_and_their_refusals():
+    with routes.use_route("chunked"):
+        assert routes.choose(q_of(1, 4), 4, 0.1) == "chunked"
+    with routes.use_route("flex"):
+        assert routes.choose(q_of(1, 4), 4, 0.0) == "flex"  # CPU inference
+        with pytest.raises(UserError, match="attention dropout 0.1"):
+            routes.choose(q_of(1, 4), 4, 0.1)
+        with pytest.raises(UserError, match="no backward on the CPU"):
+            routes.choose(q_of(1, 4).requires_grad_(), 4, 0.0)
+    with routes.use_route("reference"):
+        assert routes.choose(q_of(64, 1024), 1024, 0.0) == "reference"
+    with pytest.raises(UserError, match="RELMT_ATTENTION=fast: not an attention route"):
+        with routes.use_route("fast"):
+            pass
+
+
+def test_flex_serves_only_without_dropout_and_for_kernel_head_sizes():
+    assert routes.flex_serves(q_of(1, 4), 0.0)
+    assert not routes.flex_serves(q_of(1, 4), 0.1)
+    assert not routes.flex_serves(q_of(1, 4, d=8), 0.0)
+    assert not routes.flex_serves(q_of(1, 4, d=48), 0.0)
+    assert not routes.flex_serves(q_of(1, 4, dtype=torch.float64), 0.0)
+
+
+def test_the_environment_variable_sets_the_route():
+    code = "from relmt.model import routes; print(routes.setting())"
+    env = {**os.environ, "RELMT_ATTENTION": "Chunked"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "chunked"
+
+
+def test_export_traces_the_reference_route(monkeypatch):
+    """Exported graphs (ONNX, AOTInductor) hold the reference route whatever the setting: torch.export
+    of a relative layer with the chunked route forced never reaches it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the chunked route was traced into an export")
+
+    monkeypatch.setattr(routes, "chunked_attention", refuse)
+    mha, _, inputs = make("rel", "encoder", torch.float32)
+    mha.eval()
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.mha(x, *self.mha.project_kv(x))
+
+    x = inputs["x"].detach()
+    with routes.use_route("chunked"):
+        program = torch.export.export(Layer(), (x,))
+        with pytest.raises(AssertionError, match="traced into an export"):
+            Layer()(x)
+    torch.testing.assert_close(program.module()(x), Layer()(x))
+
+
+# --- the whole model: every position mode, training and cached decoding, through the routes ---
+
+def model(mode: str):
+    cfg = ModelConfig(d_model=D_MODEL, n_heads=HEADS, d_ff=32, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                      attention_dropout=0.0, activation_dropout=0.0, **inc.MODES[mode])
+    torch.manual_seed(sum(map(ord, mode)))
+    return build_model(cfg, inc.V, inc.PAD)
+
+
+MODEL_MODES = ["rel", "both", "rel-keys-only", "rel-values-only", "rel-shared-heads", "alibi", "t5"]
+
+
+@pytest.mark.usefixtures("float64", "small_blocks")
+@pytest.mark.parametrize("mode", MODEL_MODES)
+def test_model_chunked_equals_reference_training_and_decoding(mode):
+    net = model(mode).train()
+    src, tgt = inc.batch()
+    results = {}
+    for route in ("reference", "chunked"):
+        with routes.use_route(route):
+            logits = net(src, tgt)
+            grads = torch.autograd.grad(logits.pow(2).mean(), list(net.parameters()))
+            results[route] = [logits, *grads]
+    assert_all_close(results["chunked"], results["reference"], torch.float64)
+    net.eval()
+    with routes.use_route("chunked"), torch.no_grad():  # full pass and every cached step in the chunked route
+        memory, src_mask = net.encode(src)
+        inc.run_steps(net, tgt, memory, src_mask, None, 0, tgt.shape[1])
+
+
+@pytest.mark.usefixtures("float64")
+@pytest.mark.parametrize("mode", ["rel", "t5"])
+def test_model_flex_decomposition_equals_reference_in_training(mode, monkeypatch):
+    monkeypatch.setattr(flex, "flex_core", flex.dense_core)
+    net = model(mode).train()
+    src, tgt = inc.batch()
+    results = {}
+    for route in ("reference", "flex"):
+        monkeypatch.setattr(routes, "choose", lambda q, m, p, route=route: route)
+        logits = net(src, tgt)
+        results[route] = [logits, *torch.autograd.grad(logits.pow(2).mean(), list(net.parameters()))]
+    assert_all_close(results["flex"], results["reference"], torch.float64)
+
+
+# --- CUDA (make test-gpu) ---
+
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def no_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def to_cuda(mha, positions, inputs):
+    mha, positions = copy.deepcopy(mha).to(CUDA), copy.deepcopy(positions)
+    if positions is not None:
+        positions.to(CUDA)
+    moved = {k: (v.detach().to(CUDA).requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v)
+             for k, v in inputs.items()}
+    return mha, positions, moved
+
+
+# Each variant of score_mod and mask_mod compiles its own FlexAttention kernels (forward and backward), so
+# the CUDA cases are a covering subset: every call, every kind of logits term, a^V on and off.
+GPU_CASES = [("rel", "encoder"), ("rel", "decoder"), ("rel", "step"), ("rel-shared-heads", "offset"),
+             ("rel-keys-only", "encoder"), ("rel-values-only", "decoder"), ("rel-k0", "encoder"),
+             ("t5", "encoder"), ("alibi", "decoder")]
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("no_tf32")
+@pytest.mark.parametrize("mode,call", GPU_CASES)
+def test_gpu_flex_and_chunked_equal_reference_float32(mode, call):
+    mha, positions, inputs = to_cuda(*make(mode, call, torch.float32))
+    want = run("reference", mha, positions, inputs)
+    for route in ("flex", "chunked"):
+        got = run(route, mha, positions, inputs)
+        for i, (a, b) in enumerate(zip(got, want)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, i=i, r=route: f"{r} {i}: {m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,call", GPU_CASES[:4] + GPU_CASES[7:])
+def test_gpu_flex_bf16_within_bf16_tolerance(mode, call):
+    """Under bf16 autocast the flex route is as close to the float32 reference as the reference route
+    under bf16 is (tests/test_cuda.py's tolerances: 2% in outputs, 6% in gradients)."""
+    mha, positions, inputs = to_cuda(*make(mode, call, torch.float32))
+    want = run("reference", mha, positions, inputs)
+    with torch.autocast(CUDA.type, dtype=torch.bfloat16):
+        got = run("flex", mha, positions, inputs)
+        ref16 = run("reference", mha, positions, inputs)
+
+    def rel_err(a: list, b: list) -> float:
+        a, b = (torch.cat([t.detach().float().flatten() for t in ts]) for ts in (a, b))
+        return float((a - b).norm() / b.norm())
+
+    assert rel_err(got[:1], want[:1]) < 0.02 and rel_err(got[1:], want[1:]) < 0.06
+    assert rel_err(got, want) < 2 * rel_err(ref16, want) + 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_auto_chooses_flex_without_dropout_and_chunked_with_it(monkeypatch):
+    monkeypatch.setattr(routes, "CHUNK_BYTES", 0)
+    assert routes.choose(q_of(2, 64, "cuda"), 64, 0.0) == "flex"
+    assert routes.choose(q_of(2, 64, "cuda"), 64, 0.1) == "chunked"
+    assert routes.choose(q_of(2, 1, "cuda"), 64, 0.0) == "reference"
+
+
+def test_bench_attention_routes_runs(tmp_path):
+    """scripts/bench_attention_routes.py at a tiny size (its figures are not checked here)."""
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, os.path.join(root, "scripts", "bench_attention_routes.py"), "--lengths", "16",
+                    "--tokens", "64", "--d-model", "32", "--heads", "2", "--k", "2", "--repeats", "1",
+                    "--min-seconds", "0", "--cases", "abs", "rel:reference", "rel:chunked@1", "t5:chunked",
+                    "--out", str(out), "--md", str(md)], check=True, capture_output=True, text=True, cwd=root)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == ["abs", "rel:reference", "rel:chunked@1", "t5:chunked"]
+    assert all(r["ms"] > 0 and r["peak_mib"] > 0 and r["auto"] == "reference" for r in rows)
+    assert "| n " in md.read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("no_tf32")
+@pytest.mark.parametrize("mode", ["rel", "t5"])
+def test_gpu_model_trains_and_decodes_through_auto_as_through_the_reference(mode, monkeypatch):
+    """A model whose heads flex takes (d_head 16) and no attention dropout: auto runs flex on CUDA for the
+    teacher-forced pass and its gradients, and the reference route gives the same; cached decoding
+    (steps by the reference, the prefix-free pass by flex) equals the full pass."""
+    cfg = ModelConfig(d_model=64, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                      attention_dropout=0.0, activation_dropout=0.0, **inc.MODES[mode])
+    torch.manual_seed(0)
+    net = build_model(cfg, inc.V, inc.PAD).to(CUDA).train()
+    src, tgt = (t.to(CUDA) for t in inc.batch())
+    picked, choose = [], routes.choose
+    monkeypatch.setattr(routes, "choose", lambda q, m, p: picked.append(choose(q, m, p)) or picked[-1])
+    results = {}
+    for route in ("auto", "reference"):
+        with routes.use_route(route):
+            logits = net(src, tgt)
+            results[route] = [logits, *torch.autograd.grad(logits.pow(2).mean(), list(net.parameters()))]
+    assert "flex" in picked
+    for a, b in zip(results["auto"], results["reference"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    net.eval()
+    with torch.no_grad():
+        memory, src_mask = net.encode(src)
+        full = net.decode(tgt, memory, src_mask)
+        cache = None
+        for t in range(tgt.shape[1]):
+            logits, cache = net.decode_step(tgt[:, t], memory, src_mask, cache, step=t)
+            real = tgt[:, t] != inc.PAD
+            torch.testing.assert_close(logits[real], full[real, t], rtol=1e-4, atol=1e-4)
