@@ -300,8 +300,35 @@ def read_references(reference: str, source: str) -> list[str]:
     return refs
 
 
-def _translate(argv: list[str]) -> None:
+def decode_with_overrides(decode, overrides: dict):
+    """`decode` (a DecodeConfig) with relmt-translate's decoding overrides applied (eos_candidates and
+    length_norm as their strings), checked by DecodeConfig's own checks; a UserError names the key as
+    `key=value: problem`. relmt-serve checks a request's options with it too."""
     from dataclasses import replace
+
+    from relmt.config import EosCandidates, LengthNorm
+
+    overrides = dict(overrides)
+    for key, kind in (("eos_candidates", EosCandidates), ("length_norm", LengthNorm)):
+        if key in overrides and not isinstance(overrides[key], kind):
+            if overrides[key] not in {e.value for e in kind}:
+                raise UserError(f"{key}={overrides[key]}: must be one of {', '.join(e.value for e in kind)}")
+            overrides[key] = kind(overrides[key])
+    problem = ""
+    try:  # DecodeConfig's own checks, on the checkpoint's settings with the overrides applied
+        decode = replace(decode, **overrides)
+    except ValueError as e:
+        problem = str(e)
+    if problem:  # raised outside the except block, so that the message names the CLI key only once
+        key, _, message = problem.partition(": ")
+        key = key.removeprefix("decode.")
+        if key not in overrides:
+            raise UserError(f"{problem} (the checkpoint's decode config with the overrides {overrides})")
+        raise UserError(f"{key}={getattr(overrides[key], 'value', overrides[key])}: {message.replace('decode.', '')}")
+    return decode
+
+
+def _translate(argv: list[str]) -> None:
     from pathlib import Path
 
     from relmt import checkpoint
@@ -335,21 +362,7 @@ def _translate(argv: list[str]) -> None:
     translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
                                              compile=args.compile, engine=args.engine)
     overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}
-    if "eos_candidates" in overrides:
-        overrides["eos_candidates"] = EosCandidates(overrides["eos_candidates"])
-    if "length_norm" in overrides:
-        overrides["length_norm"] = LengthNorm(overrides["length_norm"])
-    problem = ""
-    try:  # DecodeConfig's own checks, on the checkpoint's settings with the overrides applied
-        translator.decode = replace(translator.decode, **overrides)
-    except ValueError as e:
-        problem = str(e)
-    if problem:  # raised outside the except block, so that the message names the CLI key only once
-        key, _, message = problem.partition(": ")
-        key = key.removeprefix("decode.")
-        if key not in overrides:
-            raise UserError(f"{problem} (the checkpoint's decode config with the overrides {overrides})")
-        raise UserError(f"{key}={getattr(overrides[key], 'value', overrides[key])}: {message.replace('decode.', '')}")
+    translator.decode = decode_with_overrides(translator.decode, overrides)
 
     from tqdm import tqdm
 

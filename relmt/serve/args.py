@@ -1,0 +1,48 @@
+"""relmt-serve's key=value arguments (parsed by relmt.cli.parse_args) and their documented defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from relmt.errors import UserError
+
+EXAMPLE = "relmt-serve checkpoint=runs/x/checkpoints/best.pt"
+
+
+@dataclass
+class ServeArgs:
+    checkpoint: Any = "???"  # a path, or a list of them ([a.pt,b.pt]) for an ensemble; fixed at start
+    engine: str = "torch"  # torch | onnx | aoti | ctranslate2, as relmt-translate engine=
+    device: str = "auto"
+    precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
+    host: str = "127.0.0.1"  # any other address needs RELMT_SERVE_API_KEY (relmt/serve/security.py)
+    port: int = 8000  # 0: a free port, printed at start ("relmt-serve: listening on http://HOST:PORT")
+    # limits on each request (413 past them)
+    max_body_bytes: int = 65536  # the request body, in bytes
+    max_lines: int = 64  # sentences in one request
+    max_line_chars: int = 1000  # characters in one sentence
+    max_beam: int = 8  # options.beam (and so nbest) in one request (422 past it)
+    max_connections: int = 1024  # open connections and requests at once (uvicorn's limit_concurrency; 503 past it)
+    # the scheduler (relmt/serve/batcher.py)
+    queue_size: int = 256  # sentences waiting for the decoder; a request that does not fit gets 503 + Retry-After
+    max_batch_tokens: int = 2000  # source tokens (sentencepiece pieces) gathered into one batch
+    max_wait_ms: float = 5.0  # how long the first sentence of a batch waits for others to join it
+    shutdown_deadline_s: float = 30.0  # on SIGTERM: time to answer the requests already accepted
+    log_level: str = "warning"  # uvicorn's: critical | error | warning | info | debug
+
+
+def check_args(args: ServeArgs) -> None:
+    """Limits that would make the server refuse everything, or never refuse, are said at start."""
+    for key in ("max_body_bytes", "max_lines", "max_line_chars", "max_beam", "max_connections", "queue_size",
+                "max_batch_tokens"):
+        if getattr(args, key) < 1:
+            raise UserError(f"{key}={getattr(args, key)}: must be >= 1")
+    if args.queue_size < args.max_lines:
+        raise UserError(f"queue_size={args.queue_size}: must be >= max_lines={args.max_lines}, or a request of "
+                        "max_lines sentences could never be queued")
+    if args.max_wait_ms < 0 or args.shutdown_deadline_s <= 0:
+        raise UserError(f"max_wait_ms={args.max_wait_ms} must be >= 0 and shutdown_deadline_s="
+                        f"{args.shutdown_deadline_s} > 0")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"port={args.port}: must be in [0, 65535] (0: any free port)")

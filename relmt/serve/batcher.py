@@ -1,0 +1,221 @@
+"""One decoding thread that owns the Translator and batches sentences across requests.
+
+A request's sentences enter a bounded queue as one Job (all of them or none: a request that does
+not fit gets QueueFull, answered 503 with Retry-After). The thread takes the oldest job, waits up to
+max_wait_ms from its arrival for others with the same decoding settings to join it, and decodes up
+to max_batch_tokens source tokens of them as one call of Translator.translate_nbest, which orders
+and pads them into the model's own batches (decode.max_source_tokens). Jobs with other settings keep
+their place for a later batch. Sampling requests are never joined with others: a sample is seeded by
+its line number in the batch (relmt/decode/sampling.py), so joining would make a request's samples
+depend on its neighbours.
+
+A batch that raises fails its own jobs, each with the message, and nothing else. A job whose client
+left before its batch was taken is dropped unbatched (its sentences cost nothing more); one already
+in a running batch is decoded with it. Joining new sentences into a running beam search at step
+boundaries (continuous batching) is not done here.
+
+Test hooks (off unless the environment sets RELMT_SERVE_TEST_HOOKS=1, for tests/test_serve.py): a
+batch holding a sentence with RELMT_TEST_FAULT raises, and one with RELMT_TEST_SLOW sleeps two seconds
+before decoding, so that tests can fail a batch or keep the decoder busy through a real process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import astuple, dataclass, field
+
+from relmt.config import DecodeConfig
+
+log = logging.getLogger(__name__)
+HOOKS_ENV = "RELMT_SERVE_TEST_HOOKS"
+FAULT_WORD, SLOW_WORD = "RELMT_TEST_FAULT", "RELMT_TEST_SLOW"
+_ids = itertools.count()
+
+
+class QueueFull(Exception):
+    pass
+
+
+class NotReady(Exception):
+    pass
+
+
+class BatchFailed(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    sentences: list[str]
+    decode: DecodeConfig
+    tokens: int = 0  # source pieces + EOS of all its sentences, counted on submit
+    arrived: float = field(default_factory=time.monotonic)
+    future: Future = field(default_factory=Future)  # list[list[(text, score)]], one list per sentence
+    cancelled: bool = False
+    key: tuple = ()
+
+    def __post_init__(self) -> None:  # the settings a batch shares; a sampling job shares with no other
+        self.key = ("sampling", next(_ids)) if self.decode.sampling else astuple(self.decode)
+
+
+class Batcher:
+    """`load` builds the Translator (in the decoding thread, so that the server answers /health while a
+    model loads or an engine compiles); `on_batch(sentences, seconds)` and `on_queue(sentences)` feed
+    the metrics; `on_load_error(message)` is told when the model cannot be loaded."""
+
+    def __init__(self, load: Callable, queue_size: int, max_batch_tokens: int, max_wait_ms: float,
+                 on_batch: Callable[[int, float], None], on_queue: Callable[[int], None],
+                 on_load_error: Callable[[str], None], hooks: bool | None = None) -> None:
+        self.load, self.queue_size, self.max_batch_tokens = load, queue_size, max_batch_tokens
+        self.max_wait = max_wait_ms / 1000
+        self.on_batch, self.on_queue, self.on_load_error = on_batch, on_queue, on_load_error
+        self.hooks = os.environ.get(HOOKS_ENV) == "1" if hooks is None else hooks
+        self.queue: deque[Job] = deque()
+        self.pending = 0  # sentences in the queue
+        self.cond = threading.Condition()
+        self.translator = None
+        self.default_decode: DecodeConfig | None = None
+        self.load_error = ""
+        self.stopping = False
+        self.thread = threading.Thread(target=self.run, name="relmt-serve-decoder", daemon=True)
+
+    @property
+    def ready(self) -> bool:
+        return self.translator is not None and not self.stopping
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, sentences: list[str], decode: DecodeConfig) -> Job:
+        """Queue a request's sentences, all or none (QueueFull); NotReady before the model is loaded."""
+        if not self.ready:
+            raise NotReady(self.load_error or ("shutting down" if self.stopping else "the model is loading"))
+        tokens = sum(len(ids) + 1 for ids in self.translator.tokenizer.encode(sentences))
+        job = Job(sentences, decode, tokens)
+        with self.cond:
+            if self.pending + len(sentences) > self.queue_size:
+                raise QueueFull(f"{self.pending} sentences are queued (queue_size={self.queue_size})")
+            self.queue.append(job)
+            self.pending += len(sentences)
+            self.on_queue(self.pending)
+            self.cond.notify()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The client left: drop the job if no batch has taken it yet."""
+        job.cancelled = True
+
+    def stop(self, timeout: float) -> int:
+        """Decode what is queued, then end the thread; the number of jobs failed unanswered."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout)
+        with self.cond:
+            left = list(self.queue)
+            self.queue.clear()
+        unanswered = [job for job in left if not job.future.cancelled()]  # not those whose client had left
+        for job in unanswered:
+            fail(job, BatchFailed("the server stopped before this request was decoded"))
+        return len(unanswered)
+
+    def run(self) -> None:
+        try:
+            self.translator = self.load()
+            self.default_decode = self.translator.decode
+        except Exception as e:  # a UserError names the checkpoint or engine; anything else is said as it is
+            self.load_error = f"the model could not be loaded: {e}"
+            log.error("%s", self.load_error)
+            self.on_load_error(self.load_error)
+            return
+        while (batch := self.next_batch()) is not None:
+            self.decode(batch)
+
+    def next_batch(self) -> list[Job] | None:
+        """The next batch: the oldest job, and the jobs with its settings that arrive within max_wait
+        of it, up to max_batch_tokens; None once stopping with nothing queued."""
+        with self.cond:
+            while True:
+                while not self.queue and not self.stopping:
+                    self.cond.wait()
+                self.drop_cancelled()
+                if not self.queue:
+                    if self.stopping:
+                        return None
+                    continue
+                first = self.queue[0]
+                while not self.stopping and self.tokens_like(first) < self.max_batch_tokens:
+                    left = first.arrived + self.max_wait - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+                batch = self.take(first)
+                if batch:
+                    return batch
+
+    def drop_cancelled(self) -> None:
+        for job in [j for j in self.queue if j.cancelled]:
+            self.queue.remove(job)
+            self.pending -= len(job.sentences)
+            fail(job, BatchFailed("the client left"))
+        self.on_queue(self.pending)
+
+    def tokens_like(self, first: Job) -> int:
+        return sum(j.tokens for j in self.queue if j.key == first.key and not j.cancelled)
+
+    def take(self, first: Job) -> list[Job]:
+        self.drop_cancelled()
+        batch, tokens = [], 0
+        for job in list(self.queue):
+            if job.key != first.key or (batch and tokens + job.tokens > self.max_batch_tokens):
+                continue
+            self.queue.remove(job)
+            self.pending -= len(job.sentences)
+            if not job.future.set_running_or_notify_cancel():  # its client left: decode nothing for it
+                continue
+            batch.append(job)  # from here its client's leaving cancels nothing: it is decoded with the batch
+            tokens += job.tokens
+        self.on_queue(self.pending)
+        return batch
+
+    def decode(self, batch: list[Job]) -> None:
+        sentences = [s for job in batch for s in job.sentences]
+        start = time.perf_counter()
+        try:
+            self.test_hooks(sentences)
+            self.translator.decode = batch[0].decode  # this thread alone uses the translator
+            results = self.translator.translate_nbest(sentences)
+        except Exception as e:
+            log.exception("a batch of %d requests (%d sentences) failed", len(batch), len(sentences))
+            for job in batch:
+                fail(job, BatchFailed(f"decoding failed in a batch of {len(batch)} request(s): "
+                                      f"{type(e).__name__}: {e}"))
+            return
+        finally:
+            self.on_batch(len(sentences), time.perf_counter() - start)
+        first = 0
+        for job in batch:
+            job.future.set_result(results[first:first + len(job.sentences)])
+            first += len(job.sentences)
+
+    def test_hooks(self, sentences: list[str]) -> None:
+        if not self.hooks:
+            return
+        if any(SLOW_WORD in s for s in sentences):
+            time.sleep(2.0)
+        if any(FAULT_WORD in s for s in sentences):
+            raise RuntimeError(f"test hook: {FAULT_WORD} in the batch ({HOOKS_ENV}=1)")
+
+
+def fail(job: Job, error: Exception) -> None:
+    with contextlib.suppress(InvalidStateError):  # cancelled meanwhile by its leaving client
+        job.future.set_exception(error)

@@ -1,0 +1,130 @@
+"""The relmt-serve process: arguments, the listening socket, uvicorn, and a graceful SIGTERM.
+
+SIGTERM (or Ctrl-C) stops accepting connections, answers every request already accepted (the
+decoder finishes what is queued), and exits 0 within shutdown_deadline_s. Past the deadline the
+requests still unanswered are failed, logged and counted, and the exit status is 1: nothing is
+dropped silently. A model that cannot be loaded exits 2 with the reason, as relmt-translate does.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+
+import uvicorn
+
+from relmt.errors import UserError
+
+USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ctranslate2] [device=auto]\n"
+         "            [host=127.0.0.1] [port=8000] [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000]\n"
+         "            [max_beam=8] [max_connections=1024] [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=5]\n"
+         "            [shutdown_deadline_s=30] [log_level=warning]\n"
+         "Serve translations over HTTP: POST /v1/translate {\"text\": [...], \"options\": {\"beam\": 4}},\n"
+         "GET /health, /ready, /metrics (Prometheus) and a form at /. A host other than loopback needs the\n"
+         "environment variable RELMT_SERVE_API_KEY (clients send 'Authorization: Bearer <key>').")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """Bound before the model loads, so that port=0 can name the port it got (and /health answers)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"host={host} port={port}: cannot listen there ({e.strerror})") from None
+    sock.listen(2048)
+    return sock
+
+
+def serve(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from relmt import checkpoint
+    from relmt.cli import parse_args, setup_logging
+    from relmt.serve.app import State, create_app
+    from relmt.serve.args import EXAMPLE, ServeArgs, check_args
+    from relmt.serve.batcher import Batcher
+    from relmt.serve.metrics import Metrics
+    from relmt.serve.security import api_key
+
+    args = parse_args(ServeArgs, argv, EXAMPLE)
+    check_args(args)
+    key = api_key(args.host)  # before anything loads: a server that would be open to others never starts
+    paths = [str(p) for p in args.checkpoint] if isinstance(args.checkpoint, list) else [str(args.checkpoint)]
+    for path in paths:
+        if not Path(path).is_dir() and not checkpoint.resolve(path).is_file():
+            raise UserError(f"checkpoint={path}: no such checkpoint")
+    setup_logging(logging.WARNING)
+
+    def load():
+        from relmt.decode.translator import Translator
+        from relmt.runtime import tune_cpu
+
+        tune_cpu()
+        return Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
+                                           engine=args.engine)
+
+    metrics = Metrics()
+    failed: list[str] = []
+    server: GracefulServer | None = None
+
+    def load_failed(message: str) -> None:
+        failed.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    batcher = Batcher(load, args.queue_size, args.max_batch_tokens, args.max_wait_ms, metrics.observe_batch,
+                      metrics.queue.set, load_failed)
+    state = State(args, batcher, metrics, api_key=key)
+    config = uvicorn.Config(create_app(state), log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=args.shutdown_deadline_s, server_header=False,
+                            limit_concurrency=args.max_connections)
+    server = GracefulServer(config, state)
+    sock = listening_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"relmt-serve: listening on http://{host if ':' not in host else f'[{host}]'}:{port} "
+          "(GET /ready answers 200 once the model is loaded)", file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
+    if failed:
+        raise UserError(failed[0])
+    if left := sum(state.unanswered):
+        print(f"relmt-serve: error: {left} request(s) were still unanswered at the shutdown deadline "
+              f"(shutdown_deadline_s={args.shutdown_deadline_s}): their connections were closed or they were "
+              "answered 500", file=sys.stderr)
+        return 1
+    return 0
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn.Server, with two changes: SIGTERM first marks the server draining (/ready and new
+    translations answer 503 while accepted ones finish), and a graceful stop exits 0 instead of
+    re-raising the signal when done (uvicorn's default, which would end the process with -15)."""
+
+    def __init__(self, config: uvicorn.Config, state) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig, frame) -> None:
+        self.state.draining = True
+        super().handle_exit(sig, frame)
+        if hasattr(self, "_captured_signals"):
+            self._captured_signals.clear()
+
+
+def main() -> None:
+    """Console script `relmt-serve`."""
+    from relmt.cli import EXIT_USER_ERROR, format_error
+
+    argv = sys.argv[1:]
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        sys.exit(0)
+    try:
+        status = serve(argv)
+    except (UserError, ValueError) as e:
+        print(f"relmt-serve: error: {format_error(e)}", file=sys.stderr)
+        status = EXIT_USER_ERROR
+    sys.exit(status)
