@@ -266,7 +266,15 @@ class TrainConfig:
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # gradient-norm clipping; 0 = off (tensor2tensor's default)
     precision: Precision = Precision.auto
-    compile: bool = False  # torch.compile the model for training
+    # torch.compile the model's forward and backward for training, with symbolic sizes: one graph serves
+    # every batch shape (relmt/train/step.py, compile_for_training)
+    compile: bool = False
+    # round each training batch's source and target lengths up to a multiple of this many tokens; 0 = off.
+    # The added positions are padding: masked out of attention and left out of the loss, so an update is
+    # the same up to float summation order (with dropout on, its masks are drawn over the padded shape).
+    # 8 keeps bf16 matrix shapes aligned to a GPU's tensor cores; max_padded_tokens counts the unrounded
+    # lengths, so a batch holds the same sentences either way
+    pad_to_multiple: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: int = 0  # torch CPU threads; 0 = torch's default
     eval_every: int = 1000  # validate every N updates (and at the end)
@@ -302,7 +310,7 @@ class TrainConfig:
         for name in ("max_padded_tokens", "update_freq", "eval_every", "save_every", "log_every", "warmup_steps",
                      "max_bad_steps", "dist_timeout_minutes"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "max_epochs", "max_sentences", "keep_last", "num_threads"):
+        for name in ("max_steps", "max_epochs", "max_sentences", "keep_last", "num_threads", "pad_to_multiple"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.max_steps > 0 or self.max_epochs > 0, "train.max_steps",
                "set train.max_steps or train.max_epochs (both are 0, so training would never stop)")

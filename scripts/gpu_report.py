@@ -1,9 +1,14 @@
 #!/usr/bin/env python
-"""docs/results/gpu_checks.{md,json} from what scripts/gpu_checks.sh brought back, committed under
-docs/results/gpu/: the CUDA tests, the suite on CUDA, the Multi30k recipe on the GPU beside the committed
-CPU runs, training speed at paper scale and the attention benchmark.
+"""docs/results/gpu_*.{md,json} from what scripts/gpu_checks.sh brought back, committed under a folder of
+docs/results/. Two layouts:
+- issue 43's phases (tests.txt, attn.json, train43.json, suite.txt): the issue's goal table filled from one
+  call, then the CUDA tests, the attention routes and training throughput beside OpenNMT-py;
+- the first GPU run's (docs/results/gpu/: test_cuda.txt, suite_*.txt, train_gpu.json, attention_gpu.json,
+  runs/): the CUDA tests, the suite on CUDA, the Multi30k recipe on the GPU beside the committed CPU runs,
+  training speed and the attention benchmark.
 
     python scripts/gpu_report.py                     # reads docs/results/gpu, writes docs/results/gpu_checks.*
+    python scripts/gpu_report.py --dir docs/results/gpu43 --out docs/results/gpu_issue43
 """
 
 from __future__ import annotations
@@ -30,14 +35,21 @@ def suite(text: str) -> dict:
     summary); with -v, the names of the tests that failed."""
     lines = text.splitlines()
     marks = "".join(line.split(" [")[0] for line in lines if re.fullmatch(r"[.FEsx]+( \[ *\d+%\])?", line))
-    verbose = [m.groups() for m in (re.search(r"\b(PASSED|FAILED|ERROR) (tests/\S+)", line) for line in lines) if m]
+    # -v names each test with its outcome: "[gw3] [ 10%] PASSED tests/..." under xdist, "tests/... PASSED [ 10%]"
+    # without; -rfE's summary repeats the failures ("FAILED tests/... - why"), so outcomes count once per test
+    outcome = {}
+    for line in lines:
+        if m := re.search(r"\b(PASSED|FAILED|ERROR) (tests/\S+)", line):
+            outcome.setdefault(m.group(2), m.group(1))
+        elif m := re.match(r"(tests/\S+) (PASSED|FAILED|ERROR)\b", line):
+            outcome.setdefault(m.group(1), m.group(2))
+    verbose = list(outcome.values())
     summary = [line for line in lines if re.search(r"\d+ (passed|failed)", line)]
-    out = {"passed": marks.count(".") + sum(o == "PASSED" for o, _ in verbose),
-           "failed": marks.count("F") + sum(o == "FAILED" for o, _ in verbose),
-           "errors": marks.count("E") + sum(o == "ERROR" for o, _ in verbose),
+    out = {"passed": marks.count(".") + verbose.count("PASSED"), "failed": marks.count("F") + verbose.count("FAILED"),
+           "errors": marks.count("E") + verbose.count("ERROR"),
            "summary": summary[-1].strip() if summary else "cut off by its timeout before pytest's summary"}
-    if verbose:
-        out["failed_tests"] = sorted({name for o, name in verbose if o != "PASSED"})
+    if outcome:
+        out["failed_tests"] = sorted(name for name, o in outcome.items() if o != "PASSED")
     return out
 
 
@@ -56,6 +68,117 @@ def runs(gpu_dir: Path, cpu_dir: Path) -> list[dict]:
     return rows
 
 
+ISSUE43_FILES = ("tests.txt", "attn.json", "train43.json", "train43c.json", "suite.txt")
+
+
+def attention_memory(rows: list[dict]) -> tuple[int | None, dict[str, float]]:
+    """rel's peak memory over abs's at the longest n, forward + backward: per route from
+    scripts/bench_attention_routes.py's rows (case MODE:ROUTE), or the one rel path of bench_attention.py's."""
+    if not rows:
+        return None, {}
+    n = max(r["n"] for r in rows)
+    at = [r for r in rows if r["n"] == n]
+    if any("case" in r for r in at):
+        return n, {r["case"]: r["peak_over_abs"] for r in at
+                   if r["case"].split(":")[0] == "rel" and r.get("peak_over_abs") is not None}
+    return n, {"rel": at[0]["rel_over_abs_mem"]} if "rel_over_abs_mem" in at[0] else {}
+
+
+def fmt(values: dict[str, float], percent: bool = False) -> str:
+    return ", ".join(f"{k} {100 * v:.1f}%" if percent else f"{k} {v:.2f}" for k, v in values.items()) or "not measured"
+
+
+def goal(what: str, target: str, values: dict[str, float], ok, percent: bool = False) -> dict:
+    """One row of the goal table; met is yes only when every figure meets it."""
+    met = "" if not values else ("yes" if all(ok(v) for v in values.values()) else "no")
+    return {"what": what, "goal": target, "measured": fmt(values, percent), "met": met}
+
+
+def goal_table(tests: dict[str, dict], attn_rows: list[dict], train_rows: list[dict]) -> list[dict]:
+    """Issue 43's goals, each filled from this call's files (blank where its phase did not run)."""
+    relmt = {(r["size"], r["positions"]): r for r in train_rows if r.get("system", "relmt") == "relmt"}
+    onmt = {(r["size"], r["positions"]): r for r in train_rows if str(r.get("system")).startswith("OpenNMT")}
+    n, memory = attention_memory(attn_rows)
+    failed = {name: float(t["failed"] + t["errors"]) for name, t in tests.items()}
+    steps = {f"{size} {pos}": r["over_abs_step_time"] for (size, pos), r in relmt.items()
+             if pos in ("rel", "rope", "alibi", "t5") and "over_abs_step_time" in r}
+    mfu = {f"{s} {p}": relmt[(s, p)]["mfu"] for s, p in (("big", "abs"), ("big", "rel")) if (s, p) in relmt}
+    big = goal("MFU, big abs / big rel", ">= 40% / >= 36%", mfu, lambda v: True, percent=True)
+    if mfu:
+        big["met"] = "yes" if mfu.get("big abs", 0) >= 0.40 and mfu.get("big rel", 0) >= 0.36 else "no"
+    base = {"base abs": relmt[("base", "abs")]["mfu"]} if ("base", "abs") in relmt else {}
+    ratio = {pos: {size: relmt[(size, pos)]["tgt_tokens_per_s"] / r["tgt_tokens_per_s"]
+                   for (size, p), r in onmt.items() if p == pos and (size, pos) in relmt} for pos in ("abs", "rel")}
+    return [
+        goal("tests failing on CUDA", "0", failed, lambda v: v == 0),
+        goal(f"rel attention memory / abs, n = {n}, forward + backward", "<= 1.3", memory, lambda v: v <= 1.3),
+        goal("step time / abs, base and big: rel, rope, alibi, t5", "<= 1.10 each", steps, lambda v: v <= 1.10),
+        big,
+        goal("MFU, base abs", ">= 30%", base, lambda v: v >= 0.30, percent=True),
+        goal("relmt rel / OpenNMT-py rel, target tok/s", ">= 2.0", ratio["rel"], lambda v: v >= 2.0),
+        goal("relmt abs / OpenNMT-py abs, target tok/s", ">= 1.2", ratio["abs"], lambda v: v >= 1.2),
+        {"what": "CPU training (bench_peers.sh), rel / best relative peer", "goal": ">= 1.3, and no regression",
+         "measured": "not measured on the GPU (scripts/bench_peers.sh on 2 CPU cores)", "met": ""},
+    ]
+
+
+def body(md: Path) -> str:
+    """A benchmark's markdown report without its title line."""
+    return md.read_text().split("\n", 2)[2].strip() if md.is_file() else "(not run)"
+
+
+def issue43_report(d: Path, out: Path) -> str:
+    """out.{md,json}: issue 43's goal table and the phases' own reports, from scripts/gpu_checks.sh's files."""
+    load = {name: json.loads((d / name).read_text()) for name in ("attn.json", "train43.json", "train43c.json")
+            if (d / name).is_file()}
+    tests = {name: suite((d / f"{name}.txt").read_text()) for name in ("tests", "suite")
+             if (d / f"{name}.txt").is_file()}
+    attn_rows = load.get("attn.json", {}).get("rows", [])
+    train_rows = load.get("train43.json", {}).get("rows", [])
+    goals = goal_table(tests, attn_rows, train_rows)
+    hw = next((x["hardware"] for x in load.values() if "hardware" in x), {})
+    compiled = load.get("train43c.json", {}).get("rows", [])
+    write_json(out.with_suffix(".json"), {"hardware": hw, "goals": goals, "tests": tests, "attention": attn_rows,
+                                          "train": train_rows, "train_compiled": compiled})
+    columns = [("size", "model"), ("positions", "positions"), ("tgt_tokens_per_s", "target tok/s"),
+               ("step_ms", "ms/step"), ("over_abs_step_time", "step time / abs"), ("peak_mib", "peak MiB"),
+               ("mfu", "MFU")]
+    compiled_md = markdown_table(compiled, columns) if compiled else "(not run)"
+    test_lines = "\n".join(
+        f"- {name}.txt: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors ({t['summary']})"
+        + ("".join(f"\n  - `{n}`" for n in t.get("failed_tests", []))) for name, t in tests.items()) or "(not run)"
+    md = f"""# Issue 43 on the GPU: {hw.get('gpu', 'no GPU named')}, {hw.get('date', '')}
+
+Generated by `python scripts/gpu_report.py --dir {d} --out {out}` from what `bash scripts/gpu_checks.sh` wrote on
+the device machine ({hw.get('gpu')}, torch {hw.get('torch')}, git {hw.get('git')}). Every ratio comes from this
+one call.
+
+## Goals
+
+{markdown_table(goals, [("what", "what"), ("goal", "goal"), ("measured", "measured"), ("met", "met")])}
+
+## 1. Tests on CUDA
+
+tests.txt: every CUDA test (`pytest -m gpu`); suite.txt: the suite but the slow end-to-end runs, device auto.
+
+{test_lines}
+
+## 2. Attention, one layer forward + backward
+
+{body(d / 'attn.md')}
+
+## 3. Training throughput, relmt beside OpenNMT-py
+
+{body(d / 'train43.md')}
+
+## 4. The same, compiled (train.compile's torch.compile, symbolic sizes)
+
+{compiled_md}
+"""
+    out.with_suffix(".md").write_text(md)
+    return md
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("docs/results/gpu"))
@@ -63,6 +186,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("docs/results/gpu_checks"))
     args = ap.parse_args()
     d = args.dir
+    if any((d / name).is_file() for name in ISSUE43_FILES):
+        md = issue43_report(d, args.out)
+        print(md)
+        return
     train = json.loads((d / "train_gpu.json").read_text())
     attention = json.loads((d / "attention_gpu.json").read_text())
     report = {"hardware": train["hardware"], "cuda_tests": cuda_tests((d / "test_cuda.txt").read_text()),

@@ -54,12 +54,18 @@ class Batch:
         return Batch(*(t.to(device, non_blocking=nb) for t in tensors))
 
 
-def collate(data: SplitIds, index: np.ndarray) -> Batch:
-    """The examples `index` of a split as one right-padded batch."""
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of `multiple` (0 or 1: n itself)."""
+    return -(-n // multiple) * multiple if multiple > 1 else n
+
+
+def collate(data: SplitIds, index: np.ndarray, multiple: int = 0) -> Batch:
+    """The examples `index` of a split as one right-padded batch; with `multiple` > 1 the source and
+    target lengths are padded further, up to multiples of it (train.pad_to_multiple)."""
     src_lens, tgt_lens = data.src_lens[index], data.tgt_lens[index]
     b = len(index)
-    src = np.full((b, src_lens.max()), PAD_ID, dtype=np.int64)
-    tgt_in = np.full((b, tgt_lens.max() + 1), PAD_ID, dtype=np.int64)
+    src = np.full((b, round_up(int(src_lens.max()), multiple)), PAD_ID, dtype=np.int64)
+    tgt_in = np.full((b, round_up(int(tgt_lens.max()) + 1, multiple)), PAD_ID, dtype=np.int64)
     tgt_out = np.full_like(tgt_in, PAD_ID)
     for row, i in enumerate(index):
         s0, t0 = data.src_offsets[i], data.tgt_offsets[i]

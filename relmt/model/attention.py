@@ -107,8 +107,10 @@ class MultiHeadAttention(nn.Module):
                 bias = rel.key_logits(q, index) if bias is None else bias + rel.key_logits(q, index)
         if rel is not None and rel.w_v is not None:
             z = self._relative(q, k, v, keep_mask(mask, causal, n, m, q_offset, q.device), index, bias, p)
-        elif bias is None and causal and mask is None and q_offset == 0 and n == m:
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=n > 1, scale=1.0)
+        elif bias is None and causal and mask is None and q_offset == 0 and n == m and n > 1:
+            # a Python branch, not is_causal=n > 1: with symbolic sizes (compiled training) that is a SymBool,
+            # which SDPA refuses, and the graph would break in every decoder layer
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=1.0)
         else:
             keep = keep_mask(mask, causal, n, m, q_offset, q.device)
             if bias is not None and keep is not None:

@@ -45,7 +45,7 @@ from relmt.model.transformer import build_model
 from relmt.train import distributed, finish, init, resume
 from relmt.train.optim import build_optimizer, learning_rate
 from relmt.train.resume import TrainState
-from relmt.train.step import count_skipped, train_step
+from relmt.train.step import compile_for_training, count_skipped, train_step
 from relmt.train.validate import split_loss, translate_split
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ def train(cfg: Config) -> dict:
         return wall_before + time.perf_counter() - t_start
 
     ddp = DistributedDataParallel(model) if dist.world_size > 1 else None
-    net = torch.compile(ddp or model) if tcfg.compile else (ddp or model)
+    net = compile_for_training(ddp or model) if tcfg.compile else (ddp or model)
     if dist.is_main:  # the run is accepted: nothing in its directory changed before this point
         if tcfg.overwrite:
             resume.clear_run(out)
@@ -283,10 +283,10 @@ def train(cfg: Config) -> dict:
         while not finished(state, tcfg) and not interrupted:
             t0 = time.perf_counter()
             lr = learning_rate(tcfg, cfg.model.d_model, state.step + 1)
-            group = batches[state.batch: state.batch + tcfg.update_freq]
+            group = [collate(train_ids, index, tcfg.pad_to_multiple).to(dist.device)
+                     for index in batches[state.batch: state.batch + tcfg.update_freq]]
             loss_sum, nll_sum, n_tgt, n_src, grad_norm = train_step(
-                model, net, optimizer, scaler, [collate(train_ids, index).to(dist.device) for index in group], lr,
-                tcfg.label_smoothing, amp, dist, ddp, tcfg.clip_norm)
+                model, net, optimizer, scaler, group, lr, tcfg.label_smoothing, amp, dist, ddp, tcfg.clip_norm)
             fp16_scale = scaler.get_scale() if scaler.is_enabled() else None
             state.bad_in_row, skipped = count_skipped(loss_sum, grad_norm, fp16_scale, state.bad_in_row,
                                                       state.step + 1, lr, tcfg, last)

@@ -40,9 +40,16 @@ def learning_rate(cfg: TrainConfig, d_model: int, step: int) -> float:
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
     """Adam(0.9, 0.98, 1e-9) as in Vaswani §5.3 and Shaw §4.1; its lr is set every step. Parameters
-    matching `cfg.freeze` get no gradient and stay at their initial values."""
-    return torch.optim.Adam(trainable(model, cfg.freeze), lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay)
+    matching `cfg.freeze` get no gradient and stay at their initial values.
+
+    On CUDA it is torch's fused Adam: one kernel per step over every parameter, instead of torch's
+    default there (several multi-tensor kernels). On the CPU it stays torch's default, the form
+    scripts/bench_peers.sh's training rows were measured with. The state and the update are Adam's
+    either way, so a checkpoint resumes on either device."""
+    params = trainable(model, cfg.freeze)
+    fused = bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.Adam(params, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
 def trainable(model: nn.Module, freeze: list[str]) -> list[nn.Parameter]:

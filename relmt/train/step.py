@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -22,6 +23,21 @@ log = logging.getLogger(__name__)
 
 # fp16: below this loss scale, gradient overflows count as a diverged run (fairseq's min_loss_scale)
 MIN_LOSS_SCALE = 1e-4
+
+
+def compile_for_training(net: torch.nn.Module, backend: str | Callable = "inductor") -> torch.nn.Module:
+    """train.compile: `net` (the model or its DDP wrapper) under torch.compile. Its forward is one
+    graph, and AOTAutograd compiles the backward from it; the loss, the gradient scaling and Adam stay
+    eager (Adam is a fused kernel per step on CUDA: relmt/train/optim.py).
+
+    Sizes are symbolic (dynamic=True): token batches of sorted lengths make nearly every batch a new
+    (B, S, T), and one compile per shape (tens of seconds for a base model) would never end. One graph
+    serves them all; dynamo still specialises a size of 1 (a batch of one sentence) and a new attention
+    route where the model picks one by length, so the number of graphs stays a small constant
+    (tests/test_compiled_training.py counts them over many batch shapes, train.pad_to_multiple on and off).
+    `backend` is torch.compile's (the tests count graphs with a counting one).
+    """
+    return torch.compile(net, dynamic=True, backend=backend)
 
 
 def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.optim.Optimizer,
