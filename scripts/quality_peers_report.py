@@ -14,12 +14,11 @@ import sys
 from pathlib import Path
 
 from relmt.host import host
-from relmt.report.aggregate import aggregate
+from relmt.report.aggregate import DASH, PAIR_HEADER, aggregate, fmt, md_table, pair_cells
 from relmt.report.claims import judged
 from relmt.report.markdown import md_claim
 from relmt.report.runs import load_run
 from relmt.report.significance import Comparison, lines, test_pairs
-from relmt.report.text import DASH, PAIR_HEADER, fmt, md_table, pair_cells
 from relmt.report.verdicts import AHEAD, RULES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,8 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from relmt.report.aggregate import md_table
 from relmt.report.cli import main as relmt_report
-from relmt.report.text import md_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--bootstrap-samples", opts.bootstrap_samples, *reference_args(refs),
                 "--title", title + progress(queue),
                 "--command", (europarl_split if "length" in name else "") + command(queue),
-                *(["--kind", "length"] if name == "positions_length" else [])]
+                "--kind", "length" if "length" in name else "tables"]
         with contextlib.redirect_stdout(io.StringIO()):  # relmt-report prints the whole markdown
             code = relmt_report(args)
         print(f"{name}: {len(queue.done())} of {len(queue.names)} runs -> {opts.out / (name + '.md')} (exit {code})")

@@ -104,7 +104,7 @@ def report(tmp_path_factory):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main([str(root / "multirun"), "--out", str(out), "--name", "toy", "--title", "Toy check",
-                      "--command", "scripts/reproduce_toy.sh"])
+                      "--command", "scripts/reproduce_toy.sh", "--kind", "tables"])
     assert rc == 0
     return (out / "toy.md").read_text(), buf.getvalue(), out, sweep
 

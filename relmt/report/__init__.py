@@ -1,2 +1,2 @@
-"""relmt-report, read in this order: runs -> aggregate -> paper -> tables -> significance -> verdicts -> claims ->
-curves, controls, repeats -> build -> text, markdown, plots, length, tuning -> cli (`relmt-report`)."""
+"""relmt-report, read in this order: runs -> aggregate -> paper -> tables, curves -> significance -> verdicts ->
+claims -> controls, repeats -> build -> markdown, plots, length -> cli (`relmt-report`)."""

@@ -5,10 +5,11 @@ from pathlib import Path
 
 from relmt.report.claims import check_claims
 from relmt.report.controls import Setting, controls_table, split_variants, stages_table
-from relmt.report.curves import learning_curves
+from relmt.report.paper import PaperNumbers
 from relmt.report.runs import ReportError, Run, find_run_dirs, read_runs
 from relmt.report.significance import compare_group
-from relmt.report.tables import Group, analyse_tables, positions_runs
+from relmt.report.tables import Group, analyse_tables, learning_curves, positions_runs
+from relmt.report.verdicts import NOT_TESTED
 
 
 @dataclass
@@ -61,20 +62,14 @@ def analyse(group: Group, refs: dict[str | None, Path], n_samples: int) -> Group
     return group
 
 
-def seed_groups(runs: list[Run]) -> dict[tuple, list[Run]]:
-    """The runs that one table cell averages as seeds: one data set, model and cutoff, and one Setting."""
-    out: dict[tuple, list[Run]] = {}
-    for r in runs:
-        out.setdefault((r.data, r.model, r.d_model, r.train_max_words, Setting.of(r)), []).append(r)
-    return out
-
-
 def check_seeds(runs: list[Run]) -> tuple[list[Run], list[tuple[Path, str]], list[str]]:
-    """Runs that a table would average as seeds, held to every setting but the seed (runs.settings): a run
-    with the seed and settings of an earlier one is a duplicate and left out (named with it); runs whose
-    other settings differ are kept, with a warning naming those settings and their values."""
-    kept, duplicates, warnings = [], [], []
-    for members in seed_groups(runs).values():
+    """Runs that a table cell would average as seeds (one data set, model, cutoff and Setting), held to every
+    setting but the seed (runs.settings): a run with the seed and settings of an earlier one is a duplicate and
+    left out (named with it); runs whose other settings differ are kept, with a warning naming them."""
+    kept, duplicates, warnings, cells = [], [], [], {}
+    for r in runs:
+        cells.setdefault((r.data, r.model, r.d_model, r.train_max_words, Setting.of(r)), []).append(r)
+    for members in cells.values():
         first: dict[tuple, Run] = {}
         for r in members:
             if (twin := first.get((r.seed, r.settings))) is not None:
@@ -112,3 +107,8 @@ def build_report(sources: list[str], title: str, command: str | None, refs: dict
     runs, skipped, warnings = load(sources)
     return Report(title, command, list(sources), runs, skipped, [analyse(g, refs, n_samples) for g in group_runs(runs)],
                   refs, n_samples, warnings=warnings)
+
+
+def paper_experiment(report: Report) -> bool:
+    """Whether the paper's columns, claims and rules apply: runs on one of its data sets, or a claim with a test."""
+    return any(g.numbers == PaperNumbers.same or any(c.verdict != NOT_TESTED for c in g.claims) for g in report.groups)

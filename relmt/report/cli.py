@@ -1,17 +1,14 @@
-"""`relmt-report`: the paper's tables, claims and plots from relmt-train run directories.
+"""`relmt-report`: the paper's tables, claims and plots, or a row per run, from relmt-train run directories.
 
-    relmt-report RUN_DIRS... --out DIR --name NAME [--title T] [--command C] [--refs DIR | DATA=DIR ...]
-    relmt-report RUN_DIRS... --out DIR --name length [--train-max-words N | DATA=N ...] [--refs ...]
+    relmt-report RUN_DIRS... --out DIR --name NAME [--kind K] [--title T] [--command C] [--refs DIR | DATA=DIR ...]
 
-RUN_DIRS are run directories or folders holding them (a Hydra sweep, searched recursively); runs not
-"completed" are skipped and listed, and so are duplicates (the seed and settings of another run); runs
-averaged as seeds whose other settings differ get a warning naming them. Runs are grouped by data set
-and model preset; seeds are shown as
-mean ± sample std (n). --kind tables (the default) writes NAME.md (Tables 1-3, the paired tests seed by
-seed with --refs, BLEU by source length, learning curves, each claim's verdict), NAME_k.png (for a k
-sweep), NAME_length.png, NAME_curves.png and NAME.json. --kind length (the default for --name length)
-writes NAME.md, NAME_buckets.png and NAME.json: BLEU by source length, the buckets longer than training
-marked. --kind tuning writes NAME.md: the valid split of runs that differ in a few settings.
+RUN_DIRS are run directories or folders holding them (searched recursively). Runs not "completed" and duplicates
+(the seed and settings of another run) are skipped and listed; runs averaged as seeds whose other settings differ get
+a warning. Runs are grouped by data set and model preset, seeds shown as mean ± sample std (n). --kind tables writes
+NAME.md (Tables 1-3, the paired tests seed by seed with --refs, BLEU by source length, learning curves, the claims),
+NAME_k.png (a k sweep), NAME_length.png, NAME_curves.png and NAME.json; runs (the default unless the runs are on
+the paper's data or a claim has a paired test) NAME.md, a row per run, and NAME.json; length (the default for --name
+length) NAME.md, NAME_buckets.png and NAME.json, the buckets longer than training marked; tuning NAME.md.
 """
 
 import argparse
@@ -22,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from relmt.report.aggregate import seeds_of
-from relmt.report.build import Report, build_report, parse_refs
+from relmt.report.build import Report, build_report, paper_experiment, parse_refs
 from relmt.report.length import build_length_report, length_markdown, parse_cutoffs
-from relmt.report.markdown import markdown
-from relmt.report.plots import length_panels, plot_curves, plot_k, plot_length
+from relmt.report.markdown import markdown, runs_markdown, tuning_markdown
+from relmt.report.plots import plot_curves, plot_k, plot_length
 from relmt.report.runs import ReportError
 from relmt.report.tables import k_sweep
-from relmt.report.tuning import tuning_markdown
 from relmt.report.verdicts import RULES
 
 
@@ -45,8 +41,7 @@ def jsonable(obj: Any) -> Any:
 
 def report_json(report: Report) -> dict:
     groups = [{"data": g.data, "model": g.model, "model_guessed": any(r.model_guessed for r in g.runs), "pair": g.pair,
-               "refs": g.refs,
-               "paper_numbers": g.numbers.value, "d_model": g.runs[0].d_model, "k_default": g.k_default,
+               "refs": g.refs, "paper_numbers": g.numbers.value, "d_model": g.runs[0].d_model, "k_default": g.k_default,
                "splits": g.splits, "main_split": g.main_split, "seeds": seeds_of(g.runs),
                "runs": [str(r.path) for r in g.runs], "tables": g.tables, "significance": g.significance,
                "curves": g.curves, "claims": g.claims, "variants": [str(r.path) for r in g.variants],
@@ -54,8 +49,7 @@ def report_json(report: Report) -> dict:
     doc = {"title": report.title, "command": report.command, "sources": report.sources, "seeds": seeds_of(report.runs),
            "runs": report.runs, "refs": {data or "*": folder for data, folder in report.refs.items()},
            "bootstrap_samples": report.n_samples, "skipped": [{"dir": p, "reason": why} for p, why in report.skipped],
-           "warnings": report.warnings,
-           "verdict_rules": RULES, "groups": groups}
+           "warnings": report.warnings, "verdict_rules": RULES, "groups": groups}
     if "length" in report.extra:
         doc["length"] = [{"group": i.group.name, "train_max_words": i.max_words, "source": i.source,
                           "table": i.table, "significance": i.significance, "claims": i.claims}
@@ -66,7 +60,9 @@ def report_json(report: Report) -> dict:
 def write_outputs(report: Report, out: Path, name: str, kind: str) -> str:
     """Write the markdown, the plots and the JSON of `kind` into `out`; return the markdown."""
     out.mkdir(parents=True, exist_ok=True)
-    if kind == "length":
+    if kind == "runs":
+        text = runs_markdown(report)
+    elif kind == "length":
         text = length_markdown(report, name)
         plot_length([(i.group.name, i.table, i.max_words) for i in report.extra["length"] if i.table],
                     out / f"{name}_buckets.png")
@@ -77,7 +73,8 @@ def write_outputs(report: Report, out: Path, name: str, kind: str) -> str:
             plot_k(report.groups, k_plot)
         else:  # a single k is no sweep; a plot left from an earlier report of these runs would mislead
             k_plot.unlink(missing_ok=True)
-        plot_length(length_panels(report.groups), out / f"{name}_length.png")
+        plot_length([(g.name, g.tables["length"], None) for g in report.groups if g.tables["length"]],
+                    out / f"{name}_length.png")
         plot_curves(report.groups, out / f"{name}_curves.png")
     (out / f"{name}.md").write_text(text)
     (out / f"{name}.json").write_text(json.dumps(report_json(report), indent=2, ensure_ascii=False) + "\n")
@@ -92,10 +89,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run directories, or directories containing them (searched recursively)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--name", required=True, help="base name of the output files")
-    parser.add_argument("--kind", choices=("tables", "length", "tuning"), default=None,
-                        help="tables (the default), length (the default for --name length), or tuning (valid "
-                             "split only, the settings in which the runs differ)")
-    parser.add_argument("--title", default=None, help="markdown title (default: Results, or Length generalisation)")
+    parser.add_argument("--kind", choices=("tables", "runs", "length", "tuning"), default=None,
+                        help="tables (the paper's; the default for runs on its data sets or with a paired test), "
+                             "runs (a row per run; the default otherwise), length (the default for --name length), "
+                             "or tuning (valid split only, the settings in which the runs differ)")
+    parser.add_argument("--title", default=None, help="markdown title (default: Results, Runs, or Length "
+                                                      "generalisation)")
     parser.add_argument("--command", default=None, help="the command that produced the runs, quoted in the report")
     parser.add_argument("--refs", action="append", default=[], metavar="DIR|DATA=DIR",
                         help="folder of the reference files {split}.{tgt} (and {split}.{src} for --kind length): "
@@ -106,8 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="--kind length: the longest training source in words, for runs whose config does not "
                              "record it (DATA=N: only for data set DATA); repeatable")
     args = parser.parse_args(argv)
-    args.kind = args.kind or ("length" if args.name == "length" else "tables")
-    args.title = args.title or {"length": "Length generalisation", "tuning": "Tuning"}.get(args.kind, "Results")
+    args.kind = args.kind or ("length" if args.name == "length" else None)  # None: tables or runs, by the runs
     if args.bootstrap_samples < 1:
         parser.error("--bootstrap-samples must be >= 1")
     return args
@@ -118,15 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         refs = parse_refs(args.refs)
+        title = args.title or {"length": "Length generalisation", "tuning": "Tuning"}.get(args.kind, "Results")
         if args.kind == "tuning":
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"{args.name}.md").write_text(text := tuning_markdown(args.run_dirs, args.title, args.command))
+            (args.out / f"{args.name}.md").write_text(text := tuning_markdown(args.run_dirs, title, args.command))
         elif args.kind == "length":
-            text = write_outputs(build_length_report(args.run_dirs, args.title, args.command, parse_cutoffs(
+            text = write_outputs(build_length_report(args.run_dirs, title, args.command, parse_cutoffs(
                 args.train_max_words), refs, args.bootstrap_samples), args.out, args.name, args.kind)
         else:
-            text = write_outputs(build_report(args.run_dirs, args.title, args.command, refs, args.bootstrap_samples),
-                                 args.out, args.name, args.kind)
+            report = build_report(args.run_dirs, title, args.command, refs, args.bootstrap_samples)
+            kind = args.kind or ("tables" if paper_experiment(report) else "runs")
+            report.title = args.title or ("Results" if kind == "tables" else "Runs")
+            text = write_outputs(report, args.out, args.name, kind)
     except ReportError as exc:
         print(f"relmt-report: error: {exc}", file=sys.stderr)
         return 2

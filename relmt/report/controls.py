@@ -6,11 +6,10 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from relmt.report.aggregate import Stat, aggregate, bleu_stats, seeds_of
+from relmt.report.aggregate import DASH, Stat, aggregate, bleu_stats, fmt, md_table, plural, seeds_of
 from relmt.report.paper import POSITIONS, TABLELESS
 from relmt.report.runs import Run
 from relmt.report.significance import Comparison, by_seed, split_texts, test_pairs
-from relmt.report.text import DASH, fmt, md_table, plural
 
 SETTING_NAMES = {"positions": "positions", "k": "k", "keys": "a^K", "values": "a^V", "updates": "updates",
                  "frozen": "frozen parameters"}

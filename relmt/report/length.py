@@ -7,6 +7,7 @@ The cutoff N comes from the runs' config (data.train_max_src_words, the toy corp
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relmt.report.aggregate import DASH, PAIR_HEADER, fmt, md_table, pair_cells, plural
 from relmt.report.build import Report, group_runs, load
 from relmt.report.claims import Claim, judged
 from relmt.report.markdown import md_claim, md_intro, md_signatures, no_refs
@@ -14,7 +15,6 @@ from relmt.report.paper import BEYOND
 from relmt.report.runs import ReportError
 from relmt.report.significance import Comparison, compare_unseen
 from relmt.report.tables import Group, analyse_tables, length_table, positions_runs
-from relmt.report.text import DASH, PAIR_HEADER, fmt, md_table, pair_cells, plural
 from relmt.report.verdicts import AHEAD, RULES
 
 

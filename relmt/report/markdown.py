@@ -1,17 +1,23 @@
-"""The paper-tables report as markdown: the header, one section per group, the claims, the plots."""
+"""The reports as markdown. The paper's tables: the header, one section per group, the claims, the plots. A row per
+run: a user's own runs at a glance (runs_markdown); the tuning report, on the validation split only (test sets play no
+part in tuning): the settings in which the runs' config.yaml differ, valid sacreBLEU at every validation and at the
+end, chrF, lowercased tokenized BLEU, and the averaged last checkpoints' sacreBLEU (scripts/score_averaged.sh)."""
 
+import json
 from collections import Counter
+from dataclasses import replace
+
+import yaml
 
 from relmt.host import host
 from relmt.report import paper
-from relmt.report.aggregate import aggregate, key, seeds_of, tok
+from relmt.report.aggregate import DASH, PAIR_HEADER, aggregate, fmt, key, md_table, pair_cells, plural, seeds_of, tok
 from relmt.report.build import Report
 from relmt.report.claims import Claim
 from relmt.report.controls import md_controls, md_stages
-from relmt.report.curves import best, sampled
 from relmt.report.repeats import md_repeats, repeats_table
-from relmt.report.tables import TOKENIZED, Group, k_sweep, positions_runs
-from relmt.report.text import DASH, PAIR_HEADER, fmt, md_table, pair_cells, plural, yes_no
+from relmt.report.runs import ReportError, Run, find_run_dirs, flatten, read_runs
+from relmt.report.tables import TOKENIZED, Group, best, k_sweep, positions_runs, sampled
 from relmt.report.verdicts import RULES
 
 # The metric blocks of a table for a data set the paper has no numbers for (PaperNumbers.differences).
@@ -151,7 +157,7 @@ def md_tables(group: Group) -> list[str]:
               about(2, paper.TABLE2_FINDING), ["k"], lambda r: [str(r["k"])]),
              ("kv", "Table 3 analogue: a^K and a^V", f"rel positions, k = {group.k_default}.", ABLATION_ABOUT + no_no,
               about(3, paper.TABLE3_FINDING) + no_no, ["a^K", "a^V"],
-              lambda r: [yes_no(r["relative_keys"]), yes_no(r["relative_values"])]))
+              lambda r: ["yes" if r[f"relative_{x}"] else "no" for x in ("keys", "values")]))
     return [f"### {head} (Shaw et al. 2018, Table {i})\n\n{what} {with_paper if t['paper_label'] else without}\n\n"
             + md_any(group, t, first, cells) for i, (name, head, what, with_paper, without, first, cells)
             in enumerate(specs, start=1) if (t := group.tables[name])]
@@ -287,3 +293,57 @@ def markdown(report: Report, name: str) -> str:
              md_claims(report.groups), "## Plots", k_plot, f"![BLEU by source length]({name}_length.png)",
              f"![Validation BLEU against updates]({name}_curves.png)"]
     return "\n\n".join(parts) + "\n"
+
+
+# Settings that differ between runs without being a choice being tuned.
+IGNORED = ("out_dir", "data.dir", "data.cache_dir", "train.resume", "train.progress", "train.num_threads")
+
+
+def tuning_markdown(sources: list[str], title: str, command: str | None) -> str:
+    runs, skipped = read_runs(find_run_dirs(sources))
+    if not runs:
+        raise ReportError(f"{' '.join(sources)}: no completed runs")
+    configs = [flatten(yaml.safe_load((r.path / "config.yaml").read_text())) for r in runs]
+    keys = [k for k in sorted({k for c in configs for k in c})
+            if k not in IGNORED and len({repr(c.get(k)) for c in configs}) > 1]
+    steps = sorted({s for r in runs for s, _ in r.curve})
+    header = ["run", *keys, *(f"valid BLEU @{s}" for s in steps), "final sacreBLEU", "chrF",
+              "lowercased tok. BLEU", "averaged checkpoints: sacreBLEU", "minutes"]
+    best = max(runs, key=lambda r: r.valid.get("bleu", float("-inf")))
+    h = host()
+    parts = [f"# {title}", f"Made by `relmt-report {' '.join(sources)} --kind tuning` on {h['date']} ({h['cpu']}, "
+             f"{h['cpu_count']} cores, torch {h['torch']}, relmt {h['git']}).",
+             *([f"Runs: `{command}`."] if command else []),
+             "Validation split only: the tuning runs decode no test set. BLEU is sacreBLEU (cased, 13a) unless named "
+             "otherwise; 'minutes' is the run's wall time.",
+             md_table(header, [row(r, c, keys, steps) for r, c in zip(runs, configs)]),
+             f"Highest final valid sacreBLEU: {best.path.name} ({best.valid.get('bleu', float('nan')):.2f}).",
+             *(["Left out: " + "; ".join(f"{p} ({why})" for p, why in skipped)] if skipped else [])]
+    return "\n\n".join(parts) + "\n"
+
+
+def row(run: Run, cfg: dict[str, object], keys: list[str], steps: list[int]) -> list[str]:
+    curve, averaged = dict(run.curve), run.path / "averaged_valid.json"  # scripts/score_averaged.sh writes it
+    return [run.path.name, *(str(cfg.get(k, DASH)) for k in keys),
+            *(f"{curve[s]:.2f}" if s in curve else DASH for s in steps),
+            *(f"{run.valid[m]:.2f}" if m in run.valid else DASH for m in ("bleu", "chrf", "lowercased_bleu")),
+            f"{json.loads(averaged.read_text())['sacrebleu']['score']:.2f}" if averaged.is_file() else DASH,
+            f"{run.wall_seconds / 60:.0f}" if run.wall_seconds else DASH]
+
+
+def runs_markdown(report: Report) -> str:
+    """Runs that are none of the paper's experiments: one row each, with the settings in which their config.yaml
+    differ, valid and test sacreBLEU, the updates and the training speed; no paper column, claim or rule."""
+    settings = [{"seed": json.dumps(r.seed), **dict(r.settings)} for r in report.runs]
+    keys = [k for k in dict.fromkeys(k for s in settings for k in s) if len({s.get(k) for s in settings}) > 1]
+    splits = list(dict.fromkeys(split for r in report.runs for split in r.test))
+    rows = [[r.path.name, *(s.get(k, DASH).strip('"') for k in keys),
+             *(DASH if (b := r.score(split)) is None else f"{b:.2f}" for split in ("valid", *splits)),
+             str(r.updates or DASH), f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else DASH]
+            for r, s in zip(report.runs, settings)]
+    header = ["run", *keys, *(f"{s} sacreBLEU" for s in ("valid", *splits)), "updates", "target tok/s"]
+    rules = " and ".join(sorted({r.test_rule for r in report.runs}))
+    intro = md_intro(replace(report, warnings=[]))  # no warning about seeds averaged: each run is its own row
+    return (f"# {report.title}\n\n{intro}\n\n{md_table(header, rows)}\n\nsacreBLEU (cased, 13a): valid "
+            f"after the last update, test of the {rules} checkpoint. The paper's Tables 1-3, its claims and their "
+            "verdicts apply to runs on its data sets or with a paired test (`--refs DIR`): `--kind tables`.\n")

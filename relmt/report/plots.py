@@ -7,9 +7,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from relmt.report import paper
-from relmt.report.aggregate import Stat, tok
+from relmt.report.aggregate import Stat, plural, tok
 from relmt.report.tables import TOKENIZED, Group
-from relmt.report.text import plural
 
 
 def mean_std(stats: list[Stat | None]) -> tuple[list[float], list[float]]:
@@ -76,10 +75,6 @@ def plot_length(panels: list[tuple[str, dict, int | None]], path: Path) -> None:
         ax.set_title(f"{title} ({' + '.join(table['splits'])})", fontsize=9)
         finish(ax, "source length in words (sentences)", "BLEU")
     fig.savefig(path, dpi=120, bbox_inches="tight")
-
-
-def length_panels(groups: list[Group]) -> list[tuple[str, dict, int | None]]:
-    return [(g.name, g.tables["length"], None) for g in groups if g.tables["length"]]
 
 
 def plot_curves(groups: list[Group], path: Path) -> None:

@@ -5,11 +5,10 @@ lose mostly on the sentences whose source (case-insensitive, whitespace-split) r
 
 from sacrebleu.metrics import BLEU
 
-from relmt.report.aggregate import aggregate
+from relmt.report.aggregate import DASH, aggregate, md_table
 from relmt.report.controls import configurations, usual_updates
 from relmt.report.significance import lines
 from relmt.report.tables import Group
-from relmt.report.text import DASH, md_table
 
 SUBSETS = ("repeated word", "no repeated word")
 

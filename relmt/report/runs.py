@@ -141,15 +141,17 @@ def settings(cfg: dict) -> tuple[tuple[str, str], ...]:
                                                       upgrade_config(upgrade_decode_config(cfg))), enum_to_str=True)
     except Exception:  # noqa: BLE001 - a config this relmt cannot read is compared as it is
         full = cfg
+    flat = flatten(full, leaves=("splits",))
+    return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in flat.items() if k not in NOT_COMPARED))
 
-    def flat(d: dict, prefix: str = "") -> dict[str, str]:
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "splits" else
-                       {f"{prefix}{k}": json.dumps(v, sort_keys=True)})
-        return out
 
-    return tuple(sorted((k, v) for k, v in flat(full).items() if k not in NOT_COMPARED))
+def flatten(cfg: dict, prefix: str = "", leaves: tuple[str, ...] = ()) -> dict[str, object]:
+    """{"model.d_model": 512, ...}: nested dicts as dotted keys, but for the keys in `leaves` (kept whole)."""
+    out: dict[str, object] = {}
+    for k, v in cfg.items():
+        nested = isinstance(v, dict) and k not in leaves
+        out.update(flatten(v, f"{prefix}{k}.", leaves) if nested else {f"{prefix}{k}": v})
+    return out
 
 
 def figures(result: dict) -> dict[str, float]:

@@ -1,12 +1,12 @@
-"""Analogues of the paper's Tables 1-3 and BLEU by source length, as JSON-able dicts per group: Stats per
-metric and split (aggregate.key), the paper's numbers where they apply, and the checkpoint rules."""
+"""Analogues of the paper's Tables 1-3, BLEU by source length and learning curves, as JSON-able dicts per group:
+Stats per metric and split (aggregate.key), the paper's numbers where they apply, and the checkpoint rules."""
 
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from relmt.report import paper
-from relmt.report.aggregate import Rows, aggregate, default_k, grouped_rows, ordered_union, seeds_of
+from relmt.report.aggregate import Rows, Stat, aggregate, default_k, grouped_rows, ordered_union, seeds_of
 from relmt.report.paper import PaperNumbers
 from relmt.report.runs import Run
 
@@ -167,3 +167,28 @@ def analyse_tables(group: Group) -> None:
     group.k_default = default_k(group.runs)
     group.tables = {"positions": positions_table(group), "k": k_table(group), "kv": kv_table(group),
                     "length": length_table(group)}
+
+
+def learning_curves(runs: list[Run]) -> dict | None:
+    """Validation sacreBLEU against updates, mean ± std over seeds per position kind:
+    {"columns", "rows": [{"step", "bleu": {kind: Stat | None}}], "seeds"} at every update any run validated at."""
+    runs = [r for r in runs if r.curve]
+    columns = [p for p in paper.POSITIONS if any(r.positions == p for r in runs)]
+    points = [dict(r.curve) for r in runs]
+    rows = [{"step": step, "bleu": {p: aggregate(c.get(step) for r, c in zip(runs, points) if r.positions == p)
+                                    for p in columns}} for step in sorted({s for c in points for s in c})]
+    seeds = {p: seeds_of(r for r in runs if r.positions == p) for p in columns}
+    return {"columns": columns, "rows": rows, "seeds": seeds} if runs else None
+
+
+def sampled(rows: list[dict], n: int = 8) -> list[dict]:
+    """At most `n` rows spread evenly over the curve, always the first and the last (the plot shows them all)."""
+    if len(rows) <= n:
+        return rows
+    return [rows[i] for i in sorted({round(i * (len(rows) - 1) / (n - 1)) for i in range(n)})]
+
+
+def best(curves: dict, column: str) -> tuple[int, Stat] | None:
+    """The update with the highest mean validation BLEU of `column`, and that Stat."""
+    cells = [(row["step"], row["bleu"][column]) for row in curves["rows"] if row["bleu"].get(column)]
+    return max(cells, key=lambda c: c[1].mean) if cells else None
