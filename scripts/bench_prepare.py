@@ -42,7 +42,7 @@ def time_spm(folder: Path, src: str, tgt: str, vocab_size: int) -> dict:
 
 def prepare_cli(overrides: list[str]) -> tuple[float, str]:
     exe = Path(sys.executable).parent / "relmt-prepare"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from relmt.cli import prepare; prepare()"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from relmt.cli.prepare import main; main()"]
     t0 = time.perf_counter()
     done = subprocess.run(cmd + overrides, capture_output=True, text=True, check=True)
     return time.perf_counter() - t0, done.stdout

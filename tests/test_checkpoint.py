@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from relmt import checkpoint
-from relmt.cli import EXIT_USER_ERROR, _average, guarded
+from relmt.cli.average import _average
+from relmt.cli.common import EXIT_USER_ERROR, guarded
 from relmt.errors import UserError
 
 

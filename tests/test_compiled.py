@@ -9,7 +9,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import relmt.decode.translator as translator_module
-from relmt.cli import _translate, guarded
+from relmt.cli.common import guarded
+from relmt.cli.translate import _translate
 from relmt.config import PosKind
 from relmt.decode.translator import Translator
 from tests.tiny_checkpoints import SENTENCES, model_config, toy_tokenizer, write_checkpoint

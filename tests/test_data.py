@@ -176,7 +176,8 @@ def test_empty_or_blank_train_split_names_the_files(tmp_path, corpus_dir, train_
 
 
 def test_empty_train_split_from_the_cli_is_one_message(tmp_path, corpus_dir, capsys):
-    from relmt.cli import _prepare, guarded
+    from relmt.cli.common import guarded
+    from relmt.cli.prepare import _prepare
 
     write_text(corpus_dir, "train", [" "] * 3, [""] * 3)
     argv = ["data=text", f"data.dir={corpus_dir}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=60"]
@@ -374,7 +375,8 @@ def test_config_requires_train_and_valid_splits():
 # --- relmt-prepare -------------------------------------------------------------------------------
 
 def test_prepare_cli_summary_on_toy(tmp_path, capsys):
-    from relmt.cli import _prepare, guarded
+    from relmt.cli.common import guarded
+    from relmt.cli.prepare import _prepare
 
     argv = [f"data.cache_dir={tmp_path}", "data.toy.n_train=300", "data.toy.n_valid=20",
             "data.toy.n_test=20", "data.toy.n_test_long=20"]
@@ -396,7 +398,8 @@ def test_prepare_cli_summary_on_toy(tmp_path, capsys):
     (["data=text"], "data.dir"),  # mandatory value left at ???
 ])
 def test_prepare_cli_bad_input_is_one_clear_message(argv, message, capsys):
-    from relmt.cli import _prepare, guarded
+    from relmt.cli.common import guarded
+    from relmt.cli.prepare import _prepare
 
     assert guarded("relmt-prepare", _prepare, argv) == 2
     err = capsys.readouterr().err

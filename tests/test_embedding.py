@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from relmt import runtime
-from relmt.cli import _translate, guarded
+from relmt.cli.common import guarded
+from relmt.cli.translate import _translate
 from relmt.decode.translator import Translator
 from tests.tiny_checkpoints import SENTENCES, toy_tokenizer, write_checkpoint
 

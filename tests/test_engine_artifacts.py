@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from relmt import checkpoint
-from relmt.cli import _export, guarded
+from relmt.cli.common import guarded
+from relmt.cli.export import _export
 from relmt.export import engines
 from relmt.export.engines import Engine
 from tests.tiny_checkpoints import SENTENCES, model_config, random_model, toy_tokenizer, write_checkpoint

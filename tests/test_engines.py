@@ -94,7 +94,8 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
 def test_an_ensemble_on_the_onnx_engine_decodes_as_on_torch(tmp_path, capsys):
     """Two checkpoints on engine=onnx: each exported once, mixed by relmt's Ensemble as on engine=torch;
     ctranslate2, which runs its own search, refuses an ensemble with the reason."""
-    from relmt.cli import _translate, guarded
+    from relmt.cli.common import guarded
+    from relmt.cli.translate import _translate
     from tests.tiny_checkpoints import write_checkpoint
 
     spm = toy_tokenizer(tmp_path)
@@ -116,7 +117,8 @@ def test_engines_from_the_cli_and_the_api(tmp_path, capsys, caplog):
     reason; reference scoring stays relmt's; relmt-export format=onnx writes what OnnxModel reads."""
     import logging
 
-    from relmt.cli import _translate, guarded
+    from relmt.cli.common import guarded
+    from relmt.cli.translate import _translate
     from relmt.export.engines import Engine, engine_of
     from tests.tiny_checkpoints import DECODE, write_checkpoint
 
@@ -152,7 +154,7 @@ def test_engines_from_the_cli_and_the_api(tmp_path, capsys, caplog):
     assert guarded("relmt-translate", _translate, [f"checkpoint={ck}", f"input={src}", "engine=tensorrt"]) == 2
     assert "engine=tensorrt: must be one of torch, onnx, aoti, ctranslate2" in capsys.readouterr().err
     assert engine_of("onnx") == Engine.onnx
-    from relmt.cli import _export
+    from relmt.cli.export import _export
 
     assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={tmp_path / 'exported'}", "format=onnx"]) == 0
     exported = Translator(OnnxModel(tmp_path / "exported"), api.tokenizer, api.decode, torch.device("cpu"))
@@ -162,7 +164,8 @@ def test_engines_from_the_cli_and_the_api(tmp_path, capsys, caplog):
 
 @pytest.mark.exhaustive
 def test_relmt_export_format_aoti(tmp_path):
-    from relmt.cli import _export, guarded
+    from relmt.cli.common import guarded
+    from relmt.cli.export import _export
     from tests.tiny_checkpoints import write_checkpoint
 
     ck = write_checkpoint(tmp_path / "run", "model.pt", toy_tokenizer(tmp_path), seed=5, model=model_config())

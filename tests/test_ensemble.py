@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relmt.cli import _translate, guarded
+from relmt.cli.common import guarded
+from relmt.cli.translate import _translate
 from relmt.config import DecodeConfig, PosKind
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from relmt.decode.beam import beam_search

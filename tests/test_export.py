@@ -23,7 +23,8 @@ import sentencepiece as spm
 import torch
 
 from relmt import checkpoint
-from relmt.cli import _export, guarded
+from relmt.cli.common import guarded
+from relmt.cli.export import _export
 from relmt.config import Config, DecodeConfig, EosCandidates, LengthNorm, ModelConfig, Norm, PosKind, to_dict
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from relmt.decode.translator import Translator

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from relmt import checkpoint
-from relmt.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, _train_job
+from relmt.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from relmt.cli.train import _train_job
 from relmt.config import compose
 from relmt.errors import UserError
 from relmt.train import distributed, finish

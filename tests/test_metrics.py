@@ -10,7 +10,8 @@ import random
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from relmt.cli import USAGE, _score, guarded
+from relmt.cli.common import USAGE, guarded
+from relmt.cli.score import _score
 from relmt.errors import UserError
 from relmt.evaluate.metrics import (
     bucketed_bleu,

@@ -16,7 +16,11 @@ import pytest
 import torch
 import yaml
 
-from relmt.cli import _average, _export, _score, _translate, guarded
+from relmt.cli.average import _average
+from relmt.cli.common import guarded
+from relmt.cli.export import _export
+from relmt.cli.score import _score
+from relmt.cli.translate import _translate
 from relmt.config import Config, DataConfig, DecodeConfig, SpmModel, ToyConfig, compose
 from relmt.data.dataset import prepare
 from relmt.errors import UserError
@@ -64,7 +68,7 @@ def test_an_empty_evaluation_split_is_refused_naming_its_files(tmp_path, split):
 
 
 def test_an_empty_split_from_relmt_prepare_is_one_message(tmp_path, capsys):
-    from relmt.cli import _prepare
+    from relmt.cli.prepare import _prepare
 
     text_corpus(tmp_path, test=0)
     argv = ["data=text", f"data.dir={tmp_path / 'corpus'}", f"data.cache_dir={tmp_path / 'cache'}",
@@ -119,7 +123,8 @@ def test_a_config_key_left_at_missing_is_named_in_plain_words(tmp_path, capsys):
     value', and relmt-train a traceback."""
     from omegaconf import OmegaConf
 
-    from relmt.cli import _prepare, _train_job
+    from relmt.cli.prepare import _prepare
+    from relmt.cli.train import _train_job
 
     with pytest.raises(ValueError, match=r"^data\.src: is required .*, e\.g\. data\.src=VALUE$"):
         compose(["data.src=???"])
@@ -147,7 +152,7 @@ def test_a_sweep_job_is_resumed_by_requeueing_its_sweep(tmp_path):
     """The README's form (Exit status): the sweep's own overrides, -m, train.resume=true and
     hydra.sweep.dir; multirun.yaml in the sweep directory holds the overrides as given (a,b), while
     the job knows only its own point."""
-    from relmt.cli import resume_hint, sweep_overrides
+    from relmt.cli.rundirs import resume_hint, sweep_overrides
 
     sweep = tmp_path / "multirun" / "s"
     sweep.mkdir(parents=True)
@@ -165,7 +170,7 @@ def test_a_sweep_job_is_resumed_by_requeueing_its_sweep(tmp_path):
 
 
 def test_a_single_run_keeps_the_single_run_form():
-    from relmt.cli import resume_hint
+    from relmt.cli.rundirs import resume_hint
 
     run = hydra_state("RUN", ["model=tiny", "train.resume=true"], ["hydra.run.dir=runs/a b"], run_dir="/x/runs/a b")
     assert resume_hint(run, "runs/a b") == "relmt-train model=tiny train.resume=true \"hydra.run.dir='runs/a b'\""
@@ -173,7 +178,7 @@ def test_a_single_run_keeps_the_single_run_form():
 
 
 def test_sweep_resume_command_quotes_for_the_shell():
-    from relmt.cli import sweep_resume_command
+    from relmt.cli.rundirs import sweep_resume_command
 
     assert sweep_resume_command(["data.dir='a b'", "seed=1,2"], "multirun/x y") == (
         "relmt-train -m \"data.dir='a b'\" seed=1,2 train.resume=true \"hydra.sweep.dir='multirun/x y'\"")
@@ -208,7 +213,7 @@ def test_an_installed_package_caches_in_the_user_cache_and_advises_without_the_r
     work.mkdir()
     script = (
         "import sys\n"
-        "from relmt.cli import _prepare, guarded\n"
+        "from relmt.cli.common import guarded\nfrom relmt.cli.prepare import _prepare\n"
         "toy = ['data.toy.n_train=100', 'data.toy.n_valid=5', 'data.toy.n_test=5', 'data.toy.n_test_long=5',\n"
         "       'data.vocab_size=100']\n"
         "print('rc', guarded('relmt-prepare', _prepare, toy))\n"

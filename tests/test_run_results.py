@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from relmt import checkpoint
-from relmt.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from relmt.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from relmt.errors import UserError
 from relmt.train import loop as loop_module
 from tests.test_lifecycle import ROOT, exit_status, fake_bin, files, job

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from relmt.cli import _translate, guarded
+from relmt.cli.common import guarded
+from relmt.cli.translate import _translate
 from relmt.config import DecodeConfig, ModelConfig
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import length_penalty

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relmt.cli import _translate, guarded
+from relmt.cli.common import guarded
+from relmt.cli.translate import _translate
 from relmt.config import DecodeConfig
 from relmt.data.batching import token_batches
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID

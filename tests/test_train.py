@@ -149,7 +149,8 @@ def test_averaging_takes_the_mean(tmp_path):
 
 
 def test_average_cli(tmp_path, capsys):
-    from relmt.cli import _average, guarded
+    from relmt.cli.average import _average
+    from relmt.cli.common import guarded
 
     for i, value in enumerate((1.0, 3.0, 5.0)):
         checkpoint.save(fake_payload(value, i), tmp_path, [f"step_{i}.pt"])

@@ -16,7 +16,8 @@ import torch
 import yaml
 
 from relmt import checkpoint
-from relmt.cli import EXIT_INTERRUPTED, _train_job, guarded
+from relmt.cli.common import EXIT_INTERRUPTED, guarded
+from relmt.cli.train import _train_job
 from relmt.config import compose
 
 RELMT_TRAIN = str(Path(sys.executable).parent / "relmt-train")
@@ -180,7 +181,7 @@ def test_eta_and_durations():
 
 
 def test_sweep_overrides_are_checked_value_by_value():
-    from relmt.cli import check_overrides
+    from relmt.cli.train import check_overrides
 
     assert check_overrides(["-m", "model.positions=abs,rel,rope", "model=tiny,toy", "data.splits.extra=x",
                             "train.patience=null", "hydra.sweep.dir=x", "+foo=1"]) == []
@@ -293,7 +294,7 @@ def test_ddp_two_gloo_ranks_match_one_process_with_the_same_global_batch(tmp_pat
 
 def test_run_directories_below_the_working_directory_are_recorded_relative(tmp_path, monkeypatch):
     """Committed run artifacts (config.yaml's out_dir, metrics.json's run_dir) name no machine's paths."""
-    from relmt.cli import run_dir_label
+    from relmt.cli.rundirs import run_dir_label
 
     monkeypatch.chdir(tmp_path)
     assert run_dir_label(str(tmp_path / "runs" / "a")) == os.path.join("runs", "a")

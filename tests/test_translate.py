@@ -16,7 +16,9 @@ import torch
 import yaml
 
 from relmt import checkpoint
-from relmt.cli import _translate, guarded, renamed_overrides
+from relmt.cli.common import guarded
+from relmt.cli.train import renamed_overrides
+from relmt.cli.translate import _translate
 from relmt.config import DecodeConfig, Precision, compose
 from relmt.data.dataset import SplitIds
 from relmt.data.tokenizer import EOS_ID

@@ -1,4 +1,4 @@
-"""relmt-serve's key=value arguments (parsed by relmt.cli.parse_args) and their documented defaults."""
+"""relmt-serve's key=value arguments (parsed by relmt.cli.common.parse_args) and their documented defaults."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def serve(argv: list[str]) -> int:
     from pathlib import Path
 
     from relmt import checkpoint
-    from relmt.cli import parse_args, setup_logging
+    from relmt.cli.common import parse_args, setup_logging
     from relmt.serve.app import State, create_app
     from relmt.serve.args import EXAMPLE, ServeArgs, check_args
     from relmt.serve.batcher import Batcher
@@ -116,7 +116,7 @@ class GracefulServer(uvicorn.Server):
 
 def main() -> None:
     """Console script `relmt-serve`."""
-    from relmt.cli import EXIT_USER_ERROR, format_error
+    from relmt.cli.common import EXIT_USER_ERROR, format_error
 
     argv = sys.argv[1:]
     if argv and argv[0] in ("-h", "--help"):

@@ -128,8 +128,8 @@ def check_sentences(sentences: list[str], single: bool, args: ServeArgs) -> None
 
 def request_decode(options: dict, args: ServeArgs, default: DecodeConfig) -> DecodeConfig:
     """The server's decode config with a request's options, checked as relmt-translate checks its
-    overrides (relmt.cli.decode_with_overrides), and beam capped by max_beam."""
-    from relmt.cli import decode_with_overrides
+    overrides (relmt.cli.translate.decode_with_overrides), and beam capped by max_beam."""
+    from relmt.cli.translate import decode_with_overrides
 
     if options.get("beam", 1) > args.max_beam:
         raise ApiError(422, f"options.beam={options['beam']}: more than max_beam={args.max_beam}", "options.beam")

@@ -1,0 +1,206 @@
+"""`relmt-translate`: a file or stdin translated (or, with reference=, scored) chunk by chunk."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from relmt.cli.common import EXAMPLES, guarded, parse_args, setup_logging
+from relmt.errors import UserError
+
+
+@dataclass
+class TranslateArgs:
+    checkpoint: Any = "???"  # a path, or a list of them ([a.pt,b.pt]) for an ensemble
+    input: str = ""  # default: stdin
+    output: str = ""  # default: stdout
+    reference: str = ""  # score this file's lines as translations of the input's (forced decoding)
+    # decoding: unset (None) keeps the checkpoint's decode config
+    beam: int | None = None
+    lenpen: float | None = None
+    length_norm: str = ""  # gnmt | power
+    nbest: int = 1
+    max_source_tokens: int | None = None  # source tokens per batch, padding included
+    max_len_a: float | None = None
+    max_len_b: int | None = None
+    eos_candidates: str = ""  # t2t | fairseq
+    max_source_len: int | None = None
+    sampling: bool | None = None
+    topk: int | None = None
+    topp: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    buffer_lines: int = 2000  # input lines read, translated and written at a time
+    precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
+    device: str = "auto"
+    compile: bool = False  # torch.compile the decoder step (relmt/decode/compiled.py): for large inputs
+    engine: str = "torch"  # torch | onnx | aoti | ctranslate2 (relmt/export/engines.py)
+    progress: bool = True
+
+
+TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "length_norm", "nbest", "max_source_tokens", "max_len_a", "max_len_b",
+                         "eos_candidates",
+                         "max_source_len", "sampling", "topk", "topp", "temperature", "seed")
+# Keys that relmt-translate once took, and what they are called now (issue 13: max_tokens counted
+# padded source + target tokens in training and source tokens in decoding, under one name).
+TRANSLATE_RENAMED_KEYS = {"max_tokens": "max_source_tokens"}
+
+
+def read_input(path: str, buffer_lines: int = 2000) -> Iterator[tuple[int, list[str]]]:
+    """(number of the first line, lines) for each run of `buffer_lines` lines of a file, or of stdin
+    for '' or '-'. A chunk is read only when asked for, so a caller that writes each chunk's output
+    before asking for the next keeps memory bounded and loses nothing done if stopped. Invalid UTF-8
+    (or a NUL) is reported by file and line number, counted from the start of the input."""
+    import contextlib
+    from pathlib import Path
+
+    from relmt.data.sources import decode_lines
+
+    stdin = path in ("", "-")
+    name = "<stdin>" if stdin else path
+    if not stdin and not Path(path).is_file():
+        raise UserError(f"input={path}: no such file")
+
+    def decode(raw: list[bytes], first: int) -> list[str]:
+        return decode_lines(b"".join(raw), name, first_line=first)
+
+    def chunks() -> Iterator[tuple[int, list[str]]]:
+        with contextlib.nullcontext(sys.stdin.buffer) if stdin else open(path, "rb") as stream:
+            first, raw = 1, []
+            for line in stream:  # binary lines end at b"\n" only, as decode_lines splits them
+                raw.append(line)
+                if len(raw) == buffer_lines:
+                    yield first, decode(raw, first)
+                    first, raw = first + len(raw), []
+            if raw:
+                yield first, decode(raw, first)
+
+    return chunks()
+
+
+def misaligned(name: str, lines: int, reference: str, references: int) -> UserError:
+    return UserError(f"{name} has {lines} lines but reference={reference} has {references}: scoring needs one "
+                     "reference line per input line")
+
+
+def read_references(reference: str, source: str) -> list[str]:
+    """The lines of the reference file, checked against the line count of the source file (stdin is
+    checked while it is read)."""
+    from pathlib import Path
+
+    from relmt.data.sources import read_lines
+
+    refs = read_lines(Path(reference))
+    if source not in ("", "-"):
+        with open(source, "rb") as f:  # lines as read_input splits them
+            lines = sum(1 for _ in f)
+        if lines != len(refs):
+            raise misaligned(source, lines, reference, len(refs))
+    return refs
+
+
+def decode_with_overrides(decode, overrides: dict):
+    """`decode` (a DecodeConfig) with relmt-translate's decoding overrides applied (eos_candidates and
+    length_norm as their strings), checked by DecodeConfig's own checks; a UserError names the key as
+    `key=value: problem`. relmt-serve checks a request's options with it too."""
+    from dataclasses import replace
+
+    from relmt.config import EosCandidates, LengthNorm
+
+    overrides = dict(overrides)
+    for key, kind in (("eos_candidates", EosCandidates), ("length_norm", LengthNorm)):
+        if key in overrides and not isinstance(overrides[key], kind):
+            if overrides[key] not in {e.value for e in kind}:
+                raise UserError(f"{key}={overrides[key]}: must be one of {', '.join(e.value for e in kind)}")
+            overrides[key] = kind(overrides[key])
+    problem = ""
+    try:  # DecodeConfig's own checks, on the checkpoint's settings with the overrides applied
+        decode = replace(decode, **overrides)
+    except ValueError as e:
+        problem = str(e)
+    if problem:  # raised outside the except block, so that the message names the CLI key only once
+        key, _, message = problem.partition(": ")
+        key = key.removeprefix("decode.")
+        if key not in overrides:
+            raise UserError(f"{problem} (the checkpoint's decode config with the overrides {overrides})")
+        raise UserError(f"{key}={getattr(overrides[key], 'value', overrides[key])}: {message.replace('decode.', '')}")
+    return decode
+
+
+def _translate(argv: list[str]) -> None:
+    from pathlib import Path
+
+    from relmt import checkpoint
+    from relmt.config import EosCandidates, LengthNorm
+    from relmt.decode.translator import Translator
+    from relmt.runtime import tune_cpu
+
+    for arg in argv:
+        key = arg.partition("=")[0]
+        if key in TRANSLATE_RENAMED_KEYS:
+            raise UserError(f"{key}: renamed {TRANSLATE_RENAMED_KEYS[key]} (source tokens per decoding batch); "
+                            f"give {TRANSLATE_RENAMED_KEYS[key]}={arg.partition('=')[2] or 'N'}")
+    args = parse_args(TranslateArgs, argv, EXAMPLES["relmt-translate"])
+    setup_logging(logging.WARNING)
+    if args.buffer_lines < 1:
+        raise UserError(f"buffer_lines={args.buffer_lines}: must be >= 1")
+    for key, kind in (("eos_candidates", EosCandidates), ("length_norm", LengthNorm)):
+        value = getattr(args, key)
+        if value and value not in {e.value for e in kind}:
+            raise UserError(f"{key}={value}: must be one of {', '.join(e.value for e in kind)}")
+    paths = [str(p) for p in args.checkpoint] if isinstance(args.checkpoint, list) else [str(args.checkpoint)]
+    if not paths:
+        raise UserError("checkpoint=[]: give a checkpoint, or a list of them for an ensemble")
+    for path in paths:  # a missing checkpoint is said first: without it there is nothing to run (a run
+        if not Path(path).is_dir() and not checkpoint.resolve(path).is_file():  # directory is resolved later)
+            raise UserError(f"checkpoint={path}: no such checkpoint")
+    chunks = read_input(args.input, args.buffer_lines)  # a missing input fails before the model loads
+    name = args.input if args.input not in ("", "-") else "<stdin>"
+    refs = read_references(args.reference, args.input) if args.reference else None  # so does a misaligned one
+    tune_cpu()  # the command owns its process; the Translator API leaves this to its caller
+    translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
+                                             compile=args.compile, engine=args.engine)
+    overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}
+    translator.decode = decode_with_overrides(translator.decode, overrides)
+
+    from tqdm import tqdm
+
+    def output(first: int, lines: list[str]) -> str:
+        if refs is not None:  # forced decoding: one score line per input line
+            scores = translator.score(lines, refs[first - 1:first - 1 + len(lines)], name=name, first_line=first)
+            return "".join(f"{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\n" for s in scores)
+        results = translator.translate_nbest(lines, name=name, first_line=first)
+        if translator.decode.nbest == 1:
+            return "".join((hyps[0][0] if hyps else "") + "\n" for hyps in results)
+        return "".join(f"{first - 1 + i}\t{score:.4f}\t{hyp}\n"
+                       for i, hyps in enumerate(results) for hyp, score in hyps)
+
+    out = None
+    read = 0  # input lines read so far
+    with tqdm(desc="translate", unit="line", disable=not (args.progress and sys.stderr.isatty())) as bar:
+        try:
+            for first, lines in chunks:
+                read += len(lines)
+                if refs is not None and read > len(refs):  # stdin (a file was counted before): count the rest
+                    raise misaligned(name, read + sum(len(rest) for _, rest in chunks), args.reference, len(refs))
+                text = output(first, lines)
+                if out is None:  # opened at the first output, so that bad input does not clobber it
+                    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+                out.write(text)
+                out.flush()  # a stopped job keeps every chunk written so far
+                bar.update(len(lines))
+            if refs is not None and read < len(refs):
+                raise misaligned(name, read, args.reference, len(refs))
+            if out is None and args.output:  # empty input: an empty output file
+                out = open(args.output, "w", encoding="utf-8")
+        finally:
+            if out is not None and out is not sys.stdout:
+                out.close()
+
+
+def main() -> None:
+    """Console script `relmt-translate`."""
+    sys.exit(guarded("relmt-translate", _translate))
