@@ -176,7 +176,8 @@ def markdown(payload: dict) -> str:
     ref = payload["offline"]
     lines = [f"# relmt-serve under load ({payload['engine']}, {payload['threads']} threads)", "",
              f"{payload['sentences']} sentences from `{payload['src']}`; checkpoint `{payload['checkpoint']}`; "
-             f"{', '.join(f'{k} {v}' for k, v in payload['host'].items())}. Made by `scripts/bench_serve.py`.", "",
+             f"{', '.join(f'{k} {v}' for k, v in payload['host'].items())}.", "",
+             f"Command: `{payload['command']}`", "",
              "| clients | requests | sentences/s | p50 ms | p95 ms | p99 ms | errors |",
              "|---|---|---|---|---|---|---|"]
     for row in payload["levels"]:
@@ -219,7 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
         status = server.stop()
     from relmt.host import host
 
-    payload = {"engine": opts.engine, "threads": opts.threads, "checkpoint": str(opts.checkpoint),
+    payload = {"command": " ".join(["python scripts/bench_serve.py", *(argv if argv is not None else sys.argv[1:])]),
+               "engine": opts.engine, "threads": opts.threads, "checkpoint": str(opts.checkpoint),
                "src": str(opts.src or "peer corpus test.src"), "sentences": len(sentences), "host": host(),
                "offline": ref, "levels": list(levels.values()), "goals": goals(levels, ref), "exit_status": status}
     opts.json.parent.mkdir(parents=True, exist_ok=True)
