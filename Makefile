@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: train test test-fast test-exhaustive test-gpu test-all lint
+.PHONY: train test test-fast test-exhaustive test-gpu test-all lint docs docs-serve
 
 # torch is pinned and installed first: a CPU wheel of 2.13.0 lies on these machines, while a bare
 # `torch` requirement would pull a multi-GB CUDA build. pyproject.toml keeps torch>=2.3.
@@ -43,3 +44,16 @@ test-all: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check relmt scripts tests
+
+# The documentation site (mkdocs.yml, docs/): `make docs` builds it into site/ and fails on any broken link,
+# anchor or page missing from the nav; `make docs-serve` serves it at http://127.0.0.1:8000. Both install the
+# `docs` extra (mkdocs, mkdocs-material, mkdocstrings) into .venv first; `make test` does not need it.
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
