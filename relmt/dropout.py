@@ -1,7 +1,7 @@
 """Dropout (Srivastava et al. 2014; Vaswani §5.4) with cheap masks on CPU.
 
 `nn.Dropout` on CPU draws one Bernoulli sample per element (`bernoulli_`), which a profile of a
-small-model training step showed as the largest cost after the matmuls (docs/results/perf_log.md).
+small-model training step showed as the largest cost after the matmuls (docs/results/performance/perf_log.md).
 Here one 64-bit draw of the default generator gives four 16-bit lanes, so one draw decides four
 elements, and the keep mask is one comparison. The drop probability is rounded to a multiple of 2^-15
 (p = 0.1 becomes 0.100006), and kept elements are scaled by 1 / (1 - that p), so the expectation

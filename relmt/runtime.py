@@ -1,7 +1,7 @@
 """The device to run on, and process-wide CPU settings that make training and decoding faster.
 
 `resolve_device` turns the device setting into a torch.device for training and translation alike.
-The CPU settings (docs/results/perf_log.md):
+The CPU settings (docs/results/performance/perf_log.md):
 
 - glibc's malloc serves every allocation above 32 MiB (and, by default, above a threshold that
   starts at 128 KiB) with a fresh mmap, and hands it back with munmap on free. Every new logits

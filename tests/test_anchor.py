@@ -1,5 +1,6 @@
 """The published anchor's recipe (issue 30 §2): experiment=multi30k_wu2021 holds Wu et al. (2021)'s settings as
-docs/results/multi30k_anchor.md states them, and scripts/wu2021_batches.py batches as fairseq does."""
+docs/results/reproduction/multi30k_anchor.md states them, and scripts/reproduce/wu2021_batches.py
+ batches as fairseq does."""
 
 import json
 
@@ -35,7 +36,7 @@ def test_fairseq_batches_cap_size_times_the_longest_and_cut_to_multiples_of_8():
 
 
 def test_the_anchor_page_scores_runs_in_wus_metric_and_checks_the_metric(tmp_path):
-    """scripts/anchor_report.py: a kept run's lowercased tokenized BLEU (Wu et al.'s metric) and sacreBLEU -lc
+    """scripts/reproduce/anchor_report.py: a kept run's lowercased tokenized BLEU (Wu et al.'s metric) and sacreBLEU -lc
     per test set, the goal on test2016; and relmt's preparation of raw references against their tokens."""
     refs, wu, run = tmp_path / "refs", tmp_path / "wu", tmp_path / "runs" / "wu2021_abs_s1"
     for d in (refs, wu, run / "translations"):

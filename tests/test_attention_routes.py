@@ -444,10 +444,11 @@ def test_gpu_auto_chooses_flex_without_dropout_and_chunked_with_it(monkeypatch):
 
 
 def test_bench_attention_routes_runs(tmp_path):
-    """scripts/bench_attention_routes.py at a tiny size (its figures are not checked here)."""
+    """scripts/bench/bench_attention_routes.py at a tiny size (its figures are not checked here)."""
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    subprocess.run([sys.executable, os.path.join(root, "scripts", "bench_attention_routes.py"), "--lengths", "16",
+    script = os.path.join(root, "scripts", "bench", "bench_attention_routes.py")
+    subprocess.run([sys.executable, script, "--lengths", "16",
                     "--tokens", "64", "--d-model", "32", "--heads", "2", "--k", "2", "--repeats", "1",
                     "--min-seconds", "0", "--cases", "abs", "rel:reference", "rel:chunked@1", "t5:chunked",
                     "--out", str(out), "--md", str(md)], check=True, capture_output=True, text=True, cwd=root)

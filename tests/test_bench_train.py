@@ -1,4 +1,4 @@
-"""scripts/bench_train.py's WMT-like workload (issue 43 §4) end to end on a synthetic corpus laid out as
+"""scripts/bench/bench_train.py's WMT-like workload (issue 43 §4) end to end on a synthetic corpus laid out as
 ../shared/data is (never read here), with a tiny model on the CPU; and the pieces of
 scripts/peers/onmt_train.py that need no OpenNMT-py (its text export, config and log parsing)."""
 
@@ -104,7 +104,7 @@ def test_onmt_throughput_is_read_from_its_log_lines(tmp_path):
 
 
 def test_gpu_report_fills_issue_43s_goal_table(tmp_path):
-    """scripts/gpu_report.py on files shaped like scripts/gpu_checks.sh's (fabricated figures)."""
+    """scripts/gpu/gpu_report.py on files shaped like scripts/gpu/gpu_checks.sh's (fabricated figures)."""
     d = tmp_path / "gpu43"
     d.mkdir()
     (d / "tests.txt").write_text("tests/test_cuda.py::test_a PASSED [ 50%]\ntests/test_cuda.py::test_b FAILED [100%]\n"
@@ -134,8 +134,8 @@ def test_gpu_report_fills_issue_43s_goal_table(tmp_path):
 def test_gpu_checks_script_parses():
     import subprocess
 
-    subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_checks.sh")], check=True)
-    subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_wheels.sh")], check=True)
+    subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu/gpu_checks.sh")], check=True)
+    subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu/gpu_wheels.sh")], check=True)
 
 
 def test_a_size_that_runs_out_of_gpu_memory_is_measured_again_on_smaller_batches(monkeypatch):

@@ -138,8 +138,8 @@ def test_run_queue_resumes_a_run_with_a_checkpoint_and_skips_only_completed_ones
     queue.write_text(f"out: {out}\nkeep: {kept}\n"
                      + "".join(f"{name} seed=1\n" for name in [*layouts, "kept", "kept_cut"]))
     env = {"BIN": str(fake_bin(tmp_path)), "PATH": "/usr/bin:/bin", "JOBS": "1"}
-    done = subprocess.run(["bash", str(ROOT / "scripts/run_queue.sh"), str(queue)], capture_output=True, text=True,
-                          cwd=ROOT, env=env)
+    done = subprocess.run(["bash", str(ROOT / "scripts/reproduce/run_queue.sh"), str(queue)], capture_output=True,
+                          text=True, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     assert "done already: done" in done.stdout and "kept already: kept " in done.stdout
     calls = {Path(line.split("hydra.run.dir=")[1]).name: line
@@ -147,8 +147,8 @@ def test_run_queue_resumes_a_run_with_a_checkpoint_and_skips_only_completed_ones
     assert {name: "train.resume=true" in line for name, line in calls.items()} == {
         "stopped": True, "cut": True, "new": False, "kept_cut": False}
     # KEEP_AGAIN=1 trains a kept run again
-    again = subprocess.run(["bash", str(ROOT / "scripts/run_queue.sh"), str(queue), "kept"], capture_output=True,
-                           text=True, cwd=ROOT, env={**env, "KEEP_AGAIN": "1"})
+    again = subprocess.run(["bash", str(ROOT / "scripts/reproduce/run_queue.sh"), str(queue), "kept"],
+                           capture_output=True, text=True, cwd=ROOT, env={**env, "KEEP_AGAIN": "1"})
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "calls").read_text().splitlines()[-1].endswith(f"hydra.run.dir={out / 'kept'}")
 

@@ -1,4 +1,4 @@
-"""relmt-report's tables (relmt/report/, wrapped by scripts/paper_tables.py) on fabricated run
+"""relmt-report's tables (relmt/report/, wrapped by scripts/reproduce/paper_tables.py) on fabricated run
 directories with known numbers."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from relmt.report.aggregate import aggregate
 from relmt.report.cli import main
 
 ROOT = Path(__file__).parents[1]
-SCRIPT = ROOT / "scripts" / "paper_tables.py"
+SCRIPT = ROOT / "scripts" / "reproduce" / "paper_tables.py"
 
 BUCKETS = ("1-8", "9-16", "17-24", "25-32", "33+")
 SENTENCES = (259, 241, 252, 248, 0)
@@ -68,7 +68,7 @@ def make_run(root: Path, name: str, *, positions: str = "rel", k: int = 16, keys
 
 
 def fabricate_sweep(root: Path) -> None:
-    """The layout of scripts/reproduce_toy.sh: the shared rel run (k=16, a^K a^V on) lives in positions/.
+    """The layout of scripts/reproduce/reproduce_toy.sh: the shared rel run (k=16, a^K a^V on) lives in positions/.
 
     Designed outcomes on the test split: rel 81 ≥ abs 79 (held); k=0 11 < 0.5 × 81 (held);
     k ≥ 2 spread 81 − 77 = 4 > 1.5 (did not hold); |a^K only 81 − 81| = 0 ≤ 1 (held);
@@ -104,7 +104,7 @@ def report(tmp_path_factory):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main([str(root / "multirun"), "--out", str(out), "--name", "toy", "--title", "Toy check",
-                      "--command", "scripts/reproduce_toy.sh", "--kind", "tables"])
+                      "--command", "scripts/reproduce/reproduce_toy.sh", "--kind", "tables"])
     assert rc == 0
     return (out / "toy.md").read_text(), buf.getvalue(), out, sweep
 
@@ -147,7 +147,7 @@ def test_header_names_sources_seeds_command_and_skipped_run(report):
     assert stdout == md
     assert "Read 20 completed runs from" in md and "multirun`" in md
     assert "seeds found: 1, 2." in md
-    assert "The runs were produced by: `scripts/reproduce_toy.sh`" in md
+    assert "The runs were produced by: `scripts/reproduce/reproduce_toy.sh`" in md
     assert 'Skipped 1 run that is not "completed"' in md
     assert f"`{sweep / 'k' / 'k=256,seed=1'}` (status \"interrupted\")" in md
     assert "| 256 |" not in md  # the interrupted k=256 run is in no table

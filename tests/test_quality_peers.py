@@ -1,6 +1,6 @@
-"""scripts/quality_peers.py (issue 30 §1): OpenNMT-py set up like relmt's Multi30k recipe. The settings are
+"""scripts/peers/quality_peers.py (issue 30 §1): OpenNMT-py set up like relmt's Multi30k recipe. The settings are
 pinned against relmt's own configs and schedule; the end-to-end run needs OpenNMT-py's virtual environment
-(scripts/quality_peers.sh installs it) and is skipped without it."""
+(scripts/peers/quality_peers.sh installs it) and is skipped without it."""
 
 import json
 import os
@@ -68,7 +68,7 @@ def test_onmt_runs_end_to_end_on_a_tiny_corpus(tmp_path):
 
 
 def test_the_page_tests_relmt_against_onmt_seed_by_seed(tmp_path):
-    """scripts/quality_peers_report.py on fabricated runs: OpenNMT-py abs corrupts every sentence, so relmt
+    """scripts/peers/quality_peers_report.py on fabricated runs: OpenNMT-py abs corrupts every sentence, so relmt
     abs (perfect on test_2017_mscoco) is significantly ahead there; OpenNMT-py rel translates exactly as
     relmt rel, so that claim is not significant."""
     from tests.report_runs import SPLITS, config, corrupt, hypotheses, scores, write_refs, write_run

@@ -1,4 +1,4 @@
-"""Every run of every queue in scripts/queues/ composes, builds its model and accepts its train.freeze
+"""Every run of every queue in scripts/reproduce/queues/ composes, builds its model and accepts its train.freeze
 patterns: a queued run must not fail hours later on a typo in its overrides."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from relmt.config import compose
 from relmt.model.transformer import build_model
 from relmt.train.optim import trainable
 
-QUEUES = sorted((Path(__file__).parents[1] / "scripts" / "queues").glob("*.txt"))
+QUEUES = sorted((Path(__file__).parents[1] / "scripts" / "reproduce" / "queues").glob("*.txt"))
 
 
 def queue_runs(path: Path) -> list[tuple[str, list[str]]]:

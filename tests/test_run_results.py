@@ -169,8 +169,8 @@ def test_run_queue_does_not_take_a_cut_short_metrics_json_for_a_completed_run(tm
     queue = tmp_path / "q.txt"
     queue.write_text(f"out: {out}\nkeep: {kept}\ncut seed=1\nkept_cut seed=1\nwhole seed=1\n")
     env = {"BIN": str(fake_bin(tmp_path)), "PATH": "/usr/bin:/bin", "JOBS": "1"}
-    done = subprocess.run(["bash", str(ROOT / "scripts/run_queue.sh"), str(queue)], capture_output=True, text=True,
-                          cwd=ROOT, env=env)
+    done = subprocess.run(["bash", str(ROOT / "scripts/reproduce/run_queue.sh"), str(queue)], capture_output=True,
+                          text=True, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     assert "done already: whole" in done.stdout
     trained = {Path(line.split("hydra.run.dir=")[1]).name for line in (tmp_path / "calls").read_text().splitlines()}

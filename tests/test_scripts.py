@@ -12,10 +12,16 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).parents[1]
+RUN_QUEUE = ROOT / "scripts" / "reproduce" / "run_queue.sh"
+
+
+def script_path(name: str) -> Path:
+    """scripts/<group>/<name> (issue 45 grouped scripts/ by job: bench, peers, reproduce, gpu)."""
+    return next((ROOT / "scripts").glob(f"*/{name}"))
 
 
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True,
+    return subprocess.run([sys.executable, str(script_path(name)), *args], capture_output=True,
                           text=True, check=True, cwd=ROOT)
 
 
@@ -149,7 +155,7 @@ def test_run_queue_runs_resumes_and_keeps_the_artifacts(tmp_path):
         f"data.cache_dir={tmp_path / 'cache'} train.max_steps=3 train.eval_every=3 train.save_every=3 "
         "train.log_every=1 decode.max_len_b=5\n\n"
         "a_s1 seed=1\nb_s2 seed=2 model.positions=abs\n")
-    script = str(ROOT / "scripts" / "run_queue.sh")
+    script = str(RUN_QUEUE)
     env = {"BIN": str(Path(sys.executable).parent), "PATH": "/usr/bin:/bin"}
     first = subprocess.run(["bash", script, str(queue)], capture_output=True, text=True, cwd=ROOT, env=env)
     assert first.returncode == 0, first.stderr
@@ -166,7 +172,7 @@ def test_run_queue_runs_resumes_and_keeps_the_artifacts(tmp_path):
 
 
 def test_run_queue_prepares_the_data_named_by_each_run(tmp_path):
-    """A queue whose runs name their own data (scripts/queues/length.txt): the cache is prepared
+    """A queue whose runs name their own data (scripts/reproduce/queues/length.txt): the cache is prepared
     for each run's data.dir, not for the common overrides alone (which name no folder here)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -182,7 +188,7 @@ def test_run_queue_prepares_the_data_named_by_each_run(tmp_path):
         "decode.max_len_b=5\n"
         f"c_s1 data.dir={corpus} seed=1\n")
     env = {"BIN": str(Path(sys.executable).parent), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "run_queue.sh"), str(queue)], capture_output=True,
+    done = subprocess.run(["bash", str(RUN_QUEUE), str(queue)], capture_output=True,
                           text=True, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "kept" / "c_s1" / "metrics.json").read_text())["status"] == "completed"
@@ -194,7 +200,7 @@ def test_run_queue_names_a_bad_threads_line(tmp_path):
     queue = tmp_path / "q.txt"
     queue.write_text(f"out: {tmp_path / 'runs'}\nkeep: {tmp_path / 'kept'}\nthreads: two\na_s1 seed=1\n")
     env = {"BIN": str(Path(sys.executable).parent), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "run_queue.sh"), str(queue)], capture_output=True,
+    done = subprocess.run(["bash", str(RUN_QUEUE), str(queue)], capture_output=True,
                           text=True, cwd=ROOT, env=env)
     assert done.returncode == 2 and f"{queue}: 'threads:' must be a positive integer, got 'two'" in done.stderr
     assert not (tmp_path / "runs" / "a_s1").exists()
@@ -212,7 +218,7 @@ def test_run_queue_passes_over_a_run_another_queue_is_running(tmp_path):
     env = {"BIN": str(Path(sys.executable).parent), "PATH": "/usr/bin:/bin"}
     with open(tmp_path / "runs" / "a_s1.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other lane, training a_s1
-        done = subprocess.run(["bash", str(ROOT / "scripts" / "run_queue.sh"), str(queue)], capture_output=True,
+        done = subprocess.run(["bash", str(RUN_QUEUE), str(queue)], capture_output=True,
                               text=True, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     assert "skipped a_s1: another queue is running it" in done.stdout and "start a_s1" not in done.stdout
@@ -232,7 +238,7 @@ def test_toy_corpus_writes_the_splits_the_toy_runs_translate(tmp_path):
 
 @pytest.mark.slow
 def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
-    """scripts/bench_peers.py with no peers: relmt-train end to end (throughput from its own log),
+    """scripts/peers/bench_peers.py with no peers: relmt-train end to end (throughput from its own log),
     relmt's decoding and relmt-export + CTranslate2 at 32 per batch, one at a time and one batch."""
     import random
 
@@ -296,7 +302,7 @@ def test_bench_decode_levers_runs(tmp_path):
 
 def test_perf_levers_rewrites_only_its_section_from_the_committed_measurements(tmp_path):
     log = tmp_path / "perf_log.md"
-    committed = (ROOT / "docs/results/perf_log.md").read_text()
+    committed = (ROOT / "docs/results/performance/perf_log.md").read_text()
     head = committed.split("\n## Issue 14 levers")[0]
     log.write_text(head + "\n\n## Issue 14 levers\n\nstale text\n")
     run_script("perf_levers.py", "--log", str(log))
@@ -310,7 +316,7 @@ def test_perf_levers_rewrites_only_its_section_from_the_committed_measurements(t
 
 
 def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
-    """scripts/reproduction_reports.py: one report per queue with a finished run, titled with how many
+    """scripts/reproduce/reproduction_reports.py: one report per queue with a finished run, titled with how many
     of the queue's runs are in; a queue without one leaves its report alone."""
     from tests.report_runs import SPLITS, config, hypotheses, scores, write_refs, write_run
 
@@ -332,11 +338,11 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
     assert "multi30k: 2 of 3 runs" in out and "length: no finished run" in out and "toy: no finished run" in out
     assert "multi30k_wu: no finished run" in out and "multi30k_recipe: no finished run" in out
     assert "positions: no finished run" in out and "positions_length: no finished run" in out
-    md = (tmp_path / "out" / "multi30k.md").read_text()
+    md = (tmp_path / "out" / "reproduction" / "multi30k.md").read_text()
     assert md.startswith("# Shaw et al. on Multi30k EN→DE, 2 CPU cores (in progress: 2 of 3 runs)\n")
     assert "### Significance: paired bootstrap, seed by seed" in md and "50 resamples" in md
-    assert not (tmp_path / "out" / "length.md").exists() and not (tmp_path / "toy_text").exists()
-    claims = (tmp_path / "out" / "claims.md").read_text()
+    assert not (tmp_path / "out" / "reproduction" / "length.md").exists() and not (tmp_path / "toy_text").exists()
+    claims = (tmp_path / "out" / "reproduction" / "claims.md").read_text()
     assert "From: [multi30k.md](multi30k.md) (2 of 3 runs)." in claims
     assert "| [multi30k](multi30k.md) | rel ≥ abs | multi30k_text | test | **" in claims
     # --only: the named reports alone; the others' pages stay as they are and claims.md says so
@@ -344,9 +350,11 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
     again = run_script("reproduction_reports.py", "--queues", str(queues), "--out", str(tmp_path / "out"),
                        "--multi30k", str(tmp_path / "refs"), "--only", "positions", "length").stdout
     assert "positions: no finished run" in again and "multi30k:" not in again
-    assert (tmp_path / "out" / "multi30k.md").read_text() == before
-    assert "From: [multi30k.md](multi30k.md) (as committed)." in (tmp_path / "out" / "claims.md").read_text()
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduction_reports.py"), "--queues", str(queues),
+    assert (tmp_path / "out" / "reproduction" / "multi30k.md").read_text() == before
+    claims = (tmp_path / "out" / "reproduction" / "claims.md").read_text()
+    assert "From: [multi30k.md](multi30k.md) (as committed)." in claims
+    script = ROOT / "scripts" / "reproduce" / "reproduction_reports.py"
+    bad = subprocess.run([sys.executable, str(script), "--queues", str(queues),
                           "--only", "positons"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "no report named positons" in bad.stderr
 
@@ -358,7 +366,8 @@ def test_claims_table_escapes_pipes_in_its_cells(tmp_path):
     module = load_script("reproduction_reports")
     doc = {"groups": [{"data": "toy", "claims": [{"name": "a^K alone is about as good as both", "split": "test",
                                                   "verdict": "held", "measured": {"|difference|": 0.02}}]}]}
-    (tmp_path / "toy.json").write_text(json.dumps(doc))
+    (tmp_path / "reproduction").mkdir()
+    (tmp_path / "reproduction" / "toy.json").write_text(json.dumps(doc))
     claims = module.write_claims(tmp_path, ["toy"], {}).read_text()
     assert ("| [toy](toy.md) | a^K alone is about as good as both | toy | test | **held** | \\|difference\\| 0.02 |"
             in claims.splitlines())

@@ -531,12 +531,13 @@ def test_the_page_translates_in_a_headless_browser(server, tmp_path):
 
 
 def test_the_load_benchmark_runs_small(ckpt, tmp_path):
-    """scripts/bench_serve.py end to end with tiny counts (its own process: it tunes the CPU settings of
+    """scripts/bench/bench_serve.py end to end with tiny counts (its own process: it tunes the CPU settings of
     the process it runs in): the real server, loopback, bounded loops."""
     src = tmp_path / "test.src"
     src.write_text("the dog saw the cat\nbob ran\n\na small red bird sang\n", encoding="utf-8")
     root = Path(__file__).parent.parent
-    done = subprocess.run([sys.executable, str(root / "scripts" / "bench_serve.py"), "--checkpoint", str(ckpt),
+    script = root / "scripts" / "bench" / "bench_serve.py"
+    done = subprocess.run([sys.executable, str(script), "--checkpoint", str(ckpt),
                            "--src", str(src), "--clients", "1", "4", "--requests", "6", "--max-seconds", "30",
                            "--single-n", "3", "--threads", "1", "--log", str(tmp_path / "serve.log"),
                            "--json", str(tmp_path / "serve.json"), "--md", str(tmp_path / "serve.md")],

@@ -6,7 +6,7 @@ greedy decoding all call, with two settings:
   specialises sizes 0 and 1, so step 0, step 1 and one sentence at a time each compile once more);
 - inductor's freezing: the weights become constants of the graph, which lets inductor fold the
   1/sqrt(d_z) of Shaw eq. (4) into W^Q and prepack every linear layer's weights for oneDNN, the
-  GEMM library that CTranslate2 uses on these CPUs (docs/results/perf_log.md, issue 14).
+  GEMM library that CTranslate2 uses on these CPUs (docs/results/performance/perf_log.md, issue 14).
 
 The search itself stays eager Python: the same code, decisions and decoding state as uncompiled
 decoding, whose scores it matches up to float rounding (tests/test_compiled.py). Compiling costs

@@ -37,7 +37,7 @@ def output_weight(model: Transformer | Ensemble, device: torch.device) -> Tensor
     ensemble, a tuple of one such weight (or None) per model.
 
     An odd row count (a vocabulary of 3,859, say) makes the CPU GEMM of the output projection much
-    slower (misaligned rows; docs/results/perf_log.md). Decoding pads once per call, while the
+    slower (misaligned rows; docs/results/performance/perf_log.md). Decoding pads once per call, while the
     weights are fixed, and `Transformer.decode_step` cuts the padded rows' scores off again."""
     if isinstance(model, Ensemble):
         return tuple(output_weight(m, device) for m in model.models)

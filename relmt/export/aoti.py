@@ -52,7 +52,7 @@ def export_aoti(model: Transformer, directory: str | Path) -> Path:
             program = torch.export.export(module, args, dynamic_shapes=dims)
             tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
             # freezing: the weights become constants, prepacked for oneDNN's GEMMs (1.5x faster decoder steps
-            # at 32 sentences per batch on a CPU; docs/results/engines_cpu.md)
+            # at 32 sentences per batch on a CPU; docs/results/engines/engines_cpu.md)
             torch._inductor.aoti_compile_and_package(program, package_path=str(tmp),
                                                      inductor_configs={"freezing": True})
             os.replace(tmp, directory / f"{name}.pt2")

@@ -24,7 +24,7 @@ auto picks, per call:
   float32/bf16/fp16 dtype);
 - otherwise (the CPU; CUDA with attention dropout): chunked once the reference's (B, H, n, m) logits
   would exceed `CHUNK_BYTES`, else reference. The CPU's threshold comes from
-  scripts/bench_attention_routes.py (docs/results/attention_routes_cpu.md); CUDA's choice awaits a GPU
+  scripts/bench/bench_attention_routes.py (docs/results/performance/attention_routes_cpu.md); CUDA's choice awaits a GPU
   measurement.
 """
 
@@ -45,7 +45,7 @@ from relmt.model.positions import RelativePositions
 ROUTES = ("auto", "reference", "chunked", "flex")
 ENV = "RELMT_ATTENTION"
 # auto, where flex does not serve: chunked once the reference route's (B, H, n, m) logits would take more than
-# CHUNK_BYTES, and on the CPU only from CPU_MIN_ROWS query rows on (docs/results/attention_routes_cpu.md)
+# CHUNK_BYTES, and on the CPU only from CPU_MIN_ROWS query rows on (docs/results/performance/attention_routes_cpu.md)
 CHUNK_BYTES = 64 * 2**20
 CPU_MIN_ROWS = 1024
 

@@ -1,7 +1,8 @@
 """The reports as markdown. The paper's tables: the header, one section per group, the claims, the plots. A row per
 run: a user's own runs at a glance (runs_markdown); the tuning report, on the validation split only (test sets play no
 part in tuning): the settings in which the runs' config.yaml differ, valid sacreBLEU at every validation and at the
-end, chrF, lowercased tokenized BLEU, and the averaged last checkpoints' sacreBLEU (scripts/score_averaged.sh)."""
+end, chrF, lowercased tokenized BLEU, and the averaged last checkpoints' sacreBLEU
+(scripts/reproduce/score_averaged.sh)."""
 
 import json
 from collections import Counter
@@ -227,7 +228,7 @@ def md_speed(group: Group) -> str | None:
             "Target tokens per second of update steps (validation excluded), mean ± std over the runs of the "
             "positions comparison. Runs may come from different sessions, with other work on the same cores, and "
             "the CPU can differ between sessions (the last column): a paired measurement of the modes' step times is "
-            "`scripts/bench_train.py --positions ...`.\n\n"
+            "`scripts/bench/bench_train.py --positions ...`.\n\n"
             + md_table(["positions", "runs", "target tok/s", "train.num_threads", "CPU (runs)"], rows))
 
 
@@ -323,7 +324,7 @@ def tuning_markdown(sources: list[str], title: str, command: str | None) -> str:
 
 
 def row(run: Run, cfg: dict[str, object], keys: list[str], steps: list[int]) -> list[str]:
-    curve, averaged = dict(run.curve), run.path / "averaged_valid.json"  # scripts/score_averaged.sh writes it
+    curve, averaged = dict(run.curve), run.path / "averaged_valid.json"  # scripts/reproduce/score_averaged.sh writes it
     return [run.path.name, *(str(cfg.get(k, DASH)) for k in keys),
             *(f"{curve[s]:.2f}" if s in curve else DASH for s in steps),
             *(f"{run.valid[m]:.2f}" if m in run.valid else DASH for m in ("bleu", "chrf", "lowercased_bleu")),

@@ -14,7 +14,7 @@ class _LabelSmoothedNLL(torch.autograd.Function):
 
     Autograd through log_softmax, gather and mean would fill a zero (N, V) tensor for the gather,
     broadcast the mean's gradient and run log_softmax's backward: more passes over the
-    (tokens x vocabulary) logits than this closed form (docs/results/perf_log.md). For one row with
+    (tokens x vocabulary) logits than this closed form (docs/results/performance/perf_log.md). For one row with
     p = softmax(x) and gold token t:
         d loss / dx = p - (1 - epsilon) onehot(t) - epsilon / V,    d nll / dx = p - onehot(t).
     """

@@ -44,7 +44,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
 
     On CUDA it is torch's fused Adam: one kernel per step over every parameter, instead of torch's
     default there (several multi-tensor kernels). On the CPU it stays torch's default, the form
-    scripts/bench_peers.sh's training rows were measured with. The state and the update are Adam's
+    scripts/peers/bench_peers.sh's training rows were measured with. The state and the update are Adam's
     either way, so a checkpoint resumes on either device."""
     params = trainable(model, cfg.freeze)
     fused = bool(params) and all(p.is_cuda for p in params)

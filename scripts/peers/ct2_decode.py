@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Beam-search decoding with a CTranslate2 model directory, timed, for scripts/bench_peers.py.
+"""Beam-search decoding with a CTranslate2 model directory, timed, for scripts/peers/bench_peers.py.
 
     python scripts/peers/ct2_decode.py --model DIR --src test.src --out hyp.txt --batch 32 \
         --length 20 --compute-type float32 --threads 2

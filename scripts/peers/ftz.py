@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Run a console entry point with flush-to-zero and a fixed intra-op thread count, both set before
-torch's thread pool starts, so that every toolkit in scripts/bench_peers.py runs under the same
+torch's thread pool starts, so that every toolkit in scripts/peers/bench_peers.py runs under the same
 CPU settings as relmt (relmt.runtime.tune_cpu sets flush-to-zero itself).
 
     python scripts/peers/ftz.py --threads 2 onmt.bin.train:main -config run.yaml

@@ -1,4 +1,4 @@
-# Sourced by scripts/bench_peers.sh and scripts/quality_peers.sh: `install_peer NAME` puts a peer toolkit into
+# Sourced by scripts/peers/bench_peers.sh and scripts/peers/quality_peers.sh: `install_peer NAME` puts a peer toolkit into
 # its own virtual environment under $SCRATCH (default /tmp/relmt-peers), from the package registry, once (a
 # stamp file marks a finished install). Versions and quirks:
 # - OpenNMT-py 3.5.1 pins torch<2.3, so it goes in with --no-deps beside torch 2.13.0 and its run-time needs;

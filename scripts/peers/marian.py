@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""HF transformers' MarianMTModel on the peer workload, for scripts/bench_peers.py: training and
+"""HF transformers' MarianMTModel on the peer workload, for scripts/peers/bench_peers.py: training and
 beam-search decoding. transformers has no training command for translation, so this is the plain
 PyTorch loop of its examples: token batches, Adam with Noam's schedule, label-smoothed cross
 entropy (0.1), one log line every --log-every updates with the target tokens they held.

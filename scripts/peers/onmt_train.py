@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""OpenNMT-py 3.5.1 on the WMT-like workload of scripts/bench_train.py (its --onmt option runs this):
+"""OpenNMT-py 3.5.1 on the WMT-like workload of scripts/bench/bench_train.py (its --onmt option runs this):
 the same training pairs, the same sentencepiece pieces (written out as text, so OpenNMT-py reads them
 without a tokenizer of its own), the same layer sizes, k and batch budget; its own `onmt_train` in a child
 process, stopped once it has logged update --steps. Prints and writes (--json) target tokens/s over
-updates --warmup+1..--steps, timed from its log lines as scripts/bench_peers.py times it on the CPU.
+updates --warmup+1..--steps, timed from its log lines as scripts/peers/bench_peers.py times it on the CPU.
 
 - Positions: abs is its sinusoidal encoding; rel is Shaw's relative positions with
   max_relative_positions = k (OpenNMT-py shares one table across heads and between keys and values, and
