@@ -438,6 +438,7 @@ def test_other_hosts_need_an_api_key_and_it_is_checked_before_binding(ckpt):
     (["bogus=1"], "bogus: no such argument"),
     (["max_lines=0"], "max_lines=0: must be >= 1"),
     (["port=70000"], "port=70000: must be in"),
+    (["threads=-1"], "threads=-1: must be >= 0"),
 ])
 def test_bad_arguments_are_said_before_anything_loads(ckpt, args, message, monkeypatch):
     from relmt.serve.main import serve

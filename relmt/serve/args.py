@@ -16,6 +16,10 @@ class ServeArgs:
     engine: str = "torch"  # torch | onnx | aoti | ctranslate2, as relmt-translate engine=
     device: str = "auto"
     precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
+    # torch's intra-op threads for decoding; 0 = torch's default (OMP_NUM_THREADS, else every core). The
+    # event loop shares the cores: on 2 cores one thread served more sentences/s than two
+    # (docs/results/performance/serve_cpu_1thread.md beside serve_cpu.md)
+    threads: int = 0
     host: str = "127.0.0.1"  # any other address needs RELMT_SERVE_API_KEY (relmt/serve/security.py)
     port: int = 8000  # 0: a free port, printed at start ("relmt-serve: listening on http://HOST:PORT")
     # limits on each request (413 past them)
@@ -44,5 +48,7 @@ def check_args(args: ServeArgs) -> None:
     if args.max_wait_ms < 0 or args.shutdown_deadline_s <= 0:
         raise UserError(f"max_wait_ms={args.max_wait_ms} must be >= 0 and shutdown_deadline_s="
                         f"{args.shutdown_deadline_s} > 0")
+    if args.threads < 0:
+        raise UserError(f"threads={args.threads}: must be >= 0 (0: torch's default)")
     if not 0 <= args.port <= 65535:
         raise UserError(f"port={args.port}: must be in [0, 65535] (0: any free port)")

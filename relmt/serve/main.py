@@ -60,9 +60,13 @@ def serve(argv: list[str]) -> int:
     setup_logging(logging.WARNING)
 
     def load():
+        import torch
+
         from relmt.decode.translator import Translator
         from relmt.runtime import tune_cpu
 
+        if args.threads:
+            torch.set_num_threads(args.threads)
         tune_cpu()
         return Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
                                            engine=args.engine)
