@@ -84,6 +84,8 @@ def flex_serves(q: Tensor, p: float) -> bool:
 
 def choose(q: Tensor, m: int, p: float) -> str:
     """The route for queries q (B, H, n, D) against m keys, attention dropout p (0 in eval mode)."""
+    if _setting == "auto" and q.shape[2] == 1:  # a decoding step, every layer every step: the cheap test first
+        return "reference"
     if _exporting():
         return "reference"
     forced = setting()
