@@ -269,6 +269,38 @@ def test_the_scheduler_batches_by_settings_and_token_budget():
     assert c.future.result() == [[("SEVEN EIGHT", -1.0)]]
 
 
+def test_the_scheduler_waits_for_the_clients_it_expects_and_a_lone_client_never_waits():
+    """Closed-loop clients (each sends again when answered) would otherwise settle into two alternating
+    halves: the jobs queued behind a running batch are past max_wait when it ends, and would be taken
+    before the clients just answered can send again."""
+    b = scheduler(max_batch_tokens=100, max_wait_ms=5000.0)
+    b.submit(["lone"], b.default_decode)
+    start = time.monotonic()
+    assert [j.sentences for j in b.next_batch()] == [["lone"]]
+    assert time.monotonic() - start < 2.5  # nothing answered before it, nothing queued behind it: no wait
+    again = threading.Timer(0.1, b.submit, (["again"], b.default_decode))  # answered, it sends again
+    again.start()
+    start = time.monotonic()
+    assert len(b.next_batch()) == 1 and time.monotonic() - start < 2.5
+    again.join()
+    b.max_wait = 0.5
+    b.submit(["d"], b.default_decode)
+    b.submit(["e"], b.default_decode)  # a second client joins
+    assert len(b.next_batch()) == 2  # expected three (one answered, two queued): waited max_wait for one more
+    for word in ("f", "g"):  # two more clients queued behind the batch of d and e, past max_wait when it ends
+        b.submit([word], b.default_decode)
+    time.sleep(0.6)
+    late = threading.Timer(0.2, lambda: [b.submit([w], b.default_decode) for w in ("h", "i")])  # d, e again
+    late.start()
+    start = time.monotonic()
+    batch = b.next_batch()  # expects four: the two it answered and the two queued
+    late.join()
+    assert [j.sentences[0] for j in batch] == ["f", "g", "h", "i"] and time.monotonic() - start < 2.5
+    b.submit(["j"], b.default_decode)
+    start = time.monotonic()
+    assert len(b.next_batch()) == 1 and 0.4 < time.monotonic() - start < 2.5  # never past max_wait
+
+
 def test_the_scheduler_drops_a_job_whose_client_left_and_fails_only_its_batch():
     b = scheduler()
     gone = b.submit(["left early"], b.default_decode)

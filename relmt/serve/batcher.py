@@ -1,10 +1,19 @@
 """One decoding thread that owns the Translator and batches sentences across requests.
 
 A request's sentences enter a bounded queue as one Job (all of them or none: a request that does
-not fit gets QueueFull, answered 503 with Retry-After). The thread takes the oldest job, waits up to
-max_wait_ms from its arrival for others with the same decoding settings to join it, and decodes up
-to max_batch_tokens source tokens of them as one call of Translator.translate_nbest, which orders
-and pads them into the model's own batches (decode.max_source_tokens). Jobs with other settings keep
+not fit gets QueueFull, answered 503 with Retry-After). The thread takes the oldest job and decodes
+up to max_batch_tokens source tokens of the jobs with its decoding settings as one call of
+Translator.translate_nbest, which orders and pads them into the model's own batches
+(decode.max_source_tokens).
+
+How long a batch waits for more is adaptive. The clients likely to send again are those the last
+batch answered plus those already queued behind it: the decoder waits until that many jobs are
+queued, up to max_wait_ms from the later of the oldest job's arrival and the moment the decoder
+became free. A lone client therefore never waits. Waiting from the arrival alone let closed-loop
+clients (each sends again when answered) settle into two alternating halves, each taken the moment
+the other ended; now the answered clients are waited for, as long as they come back within max_wait.
+
+Jobs with other settings keep
 their place for a later batch. Sampling requests are never joined with others: a sample is seeded by
 its line number in the batch (relmt/decode/sampling.py), so joining would make a request's samples
 depend on its neighbours.
@@ -85,6 +94,7 @@ class Batcher:
         self.default_decode: DecodeConfig | None = None
         self.load_error = ""
         self.stopping = False
+        self.last = 0  # jobs in the last batch: the clients it answered are likely to send again
         self.thread = threading.Thread(target=self.run, name="relmt-serve-decoder", daemon=True)
 
     @property
@@ -141,9 +151,12 @@ class Batcher:
             self.decode(batch)
 
     def next_batch(self) -> list[Job] | None:
-        """The next batch: the oldest job, and the jobs with its settings that arrive within max_wait
-        of it, up to max_batch_tokens; None once stopping with nothing queued."""
+        """The next batch: the oldest job and the jobs with its settings, up to max_batch_tokens, once as
+        many jobs as the last batch held plus those queued now are queued, or max_wait has passed since the
+        later of the oldest job's arrival and this call; None once stopping with nothing queued."""
+        free = time.monotonic()  # the decoder became free
         with self.cond:
+            expect = self.last + sum(not j.cancelled for j in self.queue)
             while True:
                 while not self.queue and not self.stopping:
                     self.cond.wait()
@@ -153,13 +166,18 @@ class Batcher:
                         return None
                     continue
                 first = self.queue[0]
-                while not self.stopping and self.tokens_like(first) < self.max_batch_tokens:
-                    left = first.arrived + self.max_wait - time.monotonic()
+                deadline = max(first.arrived, free) + self.max_wait
+                while not self.stopping and not first.decode.sampling:  # a sampling job is batched alone
+                    like = [j for j in self.queue if j.key == first.key and not j.cancelled]
+                    if len(like) >= expect or sum(j.tokens for j in like) >= self.max_batch_tokens:
+                        break
+                    left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self.cond.wait(left)
                 batch = self.take(first)
                 if batch:
+                    self.last = len(batch)
                     return batch
 
     def drop_cancelled(self) -> None:
@@ -168,9 +186,6 @@ class Batcher:
             self.pending -= len(job.sentences)
             fail(job, BatchFailed("the client left"))
         self.on_queue(self.pending)
-
-    def tokens_like(self, first: Job) -> int:
-        return sum(j.tokens for j in self.queue if j.key == first.key and not j.cancelled)
 
     def take(self, first: Job) -> list[Job]:
         self.drop_cancelled()
