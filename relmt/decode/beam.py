@@ -62,11 +62,12 @@ def topk_candidates(scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
 CHUNK = 64  # tokens per chunk in step_candidates' first pass
 
 
-def step_candidates(logits: Tensor, alive: Tensor, banned: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def step_candidates(logits: Tensor, alive: Tensor, banned: Tensor, k: int, row_ban: tuple[Tensor, int] | None = None,
+                    ) -> tuple[Tensor, Tensor, Tensor]:
     """The k best one-token extensions of each sentence's live beams, as topk_candidates(alive[:, :, None] +
     log_softmax(logits) with the `banned` tokens at -inf, k) returns them, without writing out the (B, K, V)
     scores: logits (B*K, V) float (may be overwritten: the banned tokens become -inf), alive (B, K)
-    log-probabilities.
+    log-probabilities; row_ban: (rows (B*K,) bool, token), a token banned in those rows alone.
 
     log_softmax shifts each row by a constant (its log-normaliser, taken before the bans, as the model's
     distribution), so a row's order is its logits' order. The vocabulary is cut into chunks of CHUNK tokens,
@@ -79,6 +80,8 @@ def step_candidates(logits: Tensor, alive: Tensor, banned: Tensor, k: int) -> tu
     b, beams = alive.shape
     shift = alive.reshape(-1) - torch.logsumexp(logits, dim=1)  # (B*K,): log P(prefix) - log Z
     logits.index_fill_(1, banned, float("-inf"))
+    if row_ban is not None:  # (B*K,) rows and the token banned in them alone (EOS before min_len, per sentence)
+        logits[:, row_ban[1]].masked_fill_(row_ban[0], float("-inf"))
     size = CHUNK if vocab >= 2 * CHUNK else 1  # small vocabularies: one token per chunk
     whole = vocab // size * size
     maxima = logits[:, :whole].view(rows, -1, size).amax(dim=2)

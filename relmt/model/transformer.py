@@ -83,18 +83,20 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
                 past: tuple[Tensor, Tensor] | None = None, past_order: Tensor | None = None,
-                terms: PositionTerms = NO_TERMS) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                terms: PositionTerms = NO_TERMS, self_mask: Tensor | None = None,
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x: (B*K, n, d_model), the target positions after the `past` ones (keys/values of the
         earlier positions, (B*K, H, t, D) each, or None for a full teacher-forced pass) of K
         hypotheses per source; past_order picks the past row of each hypothesis (None: row b);
-        cross_k, cross_v: (B, H, S, D); src_mask: (B, 1, 1, S); terms: the stack's positions.
+        cross_k, cross_v: (B, H, S, D); src_mask: (B, 1, 1, S); terms: the stack's positions;
+        self_mask: (B*K, 1, 1, t + n) keep-mask over the self-attention keys (None: all of them).
         Returns the layer output and the self-attention keys/values of all t + n positions."""
         offset = 0 if past is None else past[0].shape[2]
         h = self.norm1(x) if self.pre_norm else x
         k, v = self.self_attn.project_kv(h, terms)  # (B, H, n, D)
         if past is not None:
             k, v = extend(past[0], k, past_order), extend(past[1], v, past_order)
-        y = self.self_attn(h, k, v, causal=True, q_offset=offset, terms=terms)
+        y = self.self_attn(h, k, v, mask=self_mask, causal=True, q_offset=offset, terms=terms)
         x = residual(x, y, self.dropout, self.norm1, self.pre_norm)
         h = self.norm2(x) if self.pre_norm else x
         # Cross-attention has no positions (Shaw §3), so the K hypotheses of one sentence (rows
@@ -136,13 +138,19 @@ class Transformer(nn.Module):
     def _terms(positions: nn.Module | None, n: int, m: int, q_offset: int, like: Tensor) -> PositionTerms:
         return NO_TERMS if positions is None else positions.terms(n, m, q_offset, like.device, like.dtype)
 
-    def _embed(self, embed: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
+    def _embed(self, embed: nn.Embedding, tokens: Tensor, offset: int | Tensor = 0) -> Tensor:
         """tokens: (B, T) -> (B, T, d_model). The sqrt(d_model) scale and the dropout apply in
-        every position mode (OpenNMT-py once lost both when positions were off)."""
+        every position mode (OpenNMT-py once lost both when positions were off). offset: the first
+        position, or (B,) one per row."""
         x = embed(tokens) * self.embed_scale
         if self.absolute:  # Vaswani §3.5; positions offset..offset+T-1
-            pos = torch.arange(offset, offset + tokens.shape[1], device=tokens.device)
-            x = x + sinusoidal_encoding(pos, x.shape[-1]).to(x.dtype)
+            if isinstance(offset, Tensor):
+                pos = offset[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # (B, T)
+                pe = sinusoidal_encoding(pos.reshape(-1), x.shape[-1]).view(*pos.shape, -1)
+            else:
+                pe = sinusoidal_encoding(torch.arange(offset, offset + tokens.shape[1], device=tokens.device),
+                                         x.shape[-1])
+            x = x + pe.to(x.dtype)
         return self.embed_dropout(x)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
@@ -188,7 +196,7 @@ class Transformer(nn.Module):
 
     def decode_step(self, tokens: Tensor, memory: Tensor, src_mask: Tensor,
                     cache: DecoderCache | None = None, step: int = 0, out_weight: Tensor | None = None,
-                    ) -> tuple[Tensor, DecoderCache]:
+                    starts: Tensor | None = None) -> tuple[Tensor, DecoderCache]:
         """One incremental step. tokens: (B*K,) the token at target position `step` of K >= 1
         hypotheses per sentence of memory (B, S, d_model); cache holds positions 0..step-1 (None
         at step 0). Returns (B*K, V) logits for position step+1 and the cache extended by this
@@ -196,7 +204,14 @@ class Transformer(nn.Module):
 
         out_weight: (V', d_model), V' >= V, the tied embedding with zero rows appended, which a
         decoder prepares once to make the output GEMM faster (relmt.decode.search.output_weight);
-        the scores of the appended rows are cut off, so the logits are those of `_logits`."""
+        the scores of the appended rows are cut off, so the logits are those of `_logits`.
+
+        starts: (B*K,) the cache slot where each row's sentence began (its BOS), for rows that joined a
+        running search later (relmt/decode/continuous.py); None: all at slot 0. A row's slots before its
+        start are padding, masked out of self-attention, and its position at slot `step` is step - start.
+        Only the absolute encoding reads positions: the relative terms (Shaw §3), ALiBi and T5 see the
+        distance between two slots, the same as between their positions. RoPE rotates by the slot, so a
+        cache of rotated keys must keep its slots (continuous.py never shifts one)."""
         if tokens.shape[0] % memory.shape[0]:
             raise ValueError(f"decode_step: {tokens.shape[0]} hypotheses for {memory.shape[0]} sentences")
         if cache is None:
@@ -206,11 +221,15 @@ class Transformer(nn.Module):
         if cache.batch_size != tokens.shape[0]:
             raise ValueError(f"decode_step: {tokens.shape[0]} tokens for a cache of {cache.batch_size} hypotheses")
         mask = src_mask[:, None, None, :]
-        x = self._embed(self.tgt_embed, tokens[:, None], offset=step)  # (B*K, 1, d_model)
+        self_mask = None
+        if starts is not None:
+            self_mask = (torch.arange(step + 1, device=tokens.device) >= starts[:, None])[:, None, None, :]
+        x = self._embed(self.tgt_embed, tokens[:, None], offset=step if starts is None else step - starts)
         terms = self._terms(self.decoder_positions, 1, step + 1, step, x)
         layers = []
         for layer, lc in zip(self.decoder_layers, cache.layers):
-            x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, (lc.self_k, lc.self_v), cache.order, terms)
+            x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, (lc.self_k, lc.self_v), cache.order, terms,
+                              self_mask)
             layers.append(LayerCache(k, v, lc.cross_k, lc.cross_v))
         if out_weight is None:
             logits = self._logits(x)[:, 0]

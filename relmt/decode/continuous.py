@@ -1,0 +1,180 @@
+"""Continuous batching: sentences join a running beam search at step boundaries (relmt-serve).
+
+A server that decodes batch after batch leaves its decoder running a few sentences at the tail of
+each batch while new requests wait. Here the search state is a value (`Running`) that new sentences
+join between two steps (`join`), and `advance` takes one step of every sentence in it, returning
+those that finished, so the rows freed by a finished sentence are filled at the next step.
+
+A sentence joins at slot T of the running cache: its hypotheses' self-attention cache holds T empty
+slots before its BOS, masked out, and `Transformer.decode_step(starts=...)` gives each row its own
+position, step - start, for the absolute encoding. The relative terms (Shaw §3), ALiBi and T5 read
+the distance j - i, the same between slots as between positions. When the longest-running sentence
+finishes, the slots no remaining sentence uses are cut from the front. RoPE rotates keys by their
+slot, so a RoPE model is refused here (`supports`) and served batch by batch.
+
+Each step is `relmt.decode.beam.beam_search`'s loop body with a step count per sentence: the same
+candidates, EOS rules (t2t or fairseq), pools, stopping rule and length penalty, so a sentence decoded
+here gets the hypotheses it gets alone (tests/test_continuous.py, float64: the same tokens; the scores
+agree to rounding, since the padding changes the order of the sums).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from relmt.config import DecodeConfig, EosCandidates
+from relmt.decode.beam import Hypothesis, can_stop, length_penalty, max_lengths, merge_finished, step_candidates
+from relmt.model.cache import DecoderCache, LayerCache
+from relmt.model.positions import Rotary
+from relmt.model.transformer import Transformer
+
+
+def supports(model: object, cfg: DecodeConfig) -> bool:
+    """Whether `model` can decode under `cfg` here: relmt's own Transformer (not an ensemble or another
+    engine's graphs), no RoPE, and a beam search (sampling seeds by the batch's line numbers)."""
+    return (isinstance(model, Transformer) and not isinstance(model.decoder_positions, Rotary)
+            and not cfg.sampling)
+
+
+@dataclass(frozen=True)
+class Running:
+    """The search over n sentences with K beams each, after T steps of the running batch."""
+
+    keys: tuple[Hashable, ...]  # the caller's name of each sentence, (n,)
+    tokens: Tensor  # (n*K, T + 1): each row's slots; padding, then BOS and the tokens chosen so far
+    starts: Tensor  # (n,) the slot of each sentence's BOS
+    alive: Tensor  # (n, K) live beams' log-probabilities
+    pool_scores: Tensor  # (n, K) finished hypotheses' scores, -inf where none yet
+    pool_tokens: Tensor  # (n, K, T) their tokens
+    limit: Tensor  # (n,) steps allowed per sentence, floor(a |x| + b)
+    memory: Tensor  # (n, S, d_model)
+    src_mask: Tensor  # (n, S)
+    cache: DecoderCache
+
+
+def start(model: Transformer, src: Tensor, keys: list[Hashable], cfg: DecodeConfig, bos_id: int) -> Running:
+    """The state of the sentences src (n, S) (ids, EOS, padding) before their first step."""
+    k = cfg.beam
+    memory, src_mask = model.encode(src)
+    n = src.shape[0]
+    alive = torch.full((n, k), float("-inf"), device=src.device)
+    alive[:, 0] = 0.0  # one live beam to start, as in beam_search
+    return Running(tuple(keys), src.new_full((n * k, 1), bos_id), src.new_zeros(n), alive,
+                   torch.full((n, k), float("-inf"), device=src.device), src.new_full((n, k, 0), model.pad_id),
+                   max_lengths(src_mask, cfg.max_len_a, cfg.max_len_b), memory, src_mask,
+                   model.init_cache(memory, n * k))
+
+
+def join(run: Running | None, new: Running, pad_id: int) -> Running:
+    """`new` (from `start`) joined to the running search at its next slot."""
+    if run is None:
+        return new
+    slot, k = run.tokens.shape[1] - 1, new.alive.shape[1]
+    rows = new.tokens.shape[0]
+    s = max(run.src_mask.shape[1], new.src_mask.shape[1])
+
+    def wide(x: Tensor, dim: int, value: float | bool = 0) -> Tensor:  # padded to s source positions
+        pad = [0, 0] * (x.dim() - 1 - dim) + [0, s - x.shape[dim]]
+        return F.pad(x, pad, value=value)
+
+    layers = []
+    for old, lc in zip(run.cache.layers, new.cache.layers):
+        self_k, self_v = ((x if run.cache.order is None else x.index_select(0, run.cache.order))
+                          for x in (old.self_k, old.self_v))
+        empty = self_k.new_zeros(rows, *self_k.shape[1:])
+        layers.append(LayerCache(torch.cat((self_k, empty)), torch.cat((self_v, empty)),
+                                 torch.cat((wide(old.cross_k, 2), wide(lc.cross_k, 2))),
+                                 torch.cat((wide(old.cross_v, 2), wide(lc.cross_v, 2)))))
+    tokens = torch.cat((new.tokens.new_full((rows, slot), pad_id), new.tokens), dim=1)
+    pool = new.pool_tokens.new_full((new.alive.shape[0], k, run.pool_tokens.shape[2]), pad_id)
+    return Running(run.keys + new.keys, torch.cat((run.tokens, tokens)), torch.cat((run.starts, new.starts + slot)),
+                   torch.cat((run.alive, new.alive)), torch.cat((run.pool_scores, new.pool_scores)),
+                   torch.cat((run.pool_tokens, pool)), torch.cat((run.limit, new.limit)),
+                   torch.cat((wide(run.memory, 1), wide(new.memory, 1))),
+                   torch.cat((wide(run.src_mask, 1, False), wide(new.src_mask, 1, False))),
+                   DecoderCache(tuple(layers)))
+
+
+@torch.no_grad()
+def advance(model: Transformer, run: Running, cfg: DecodeConfig, bos_id: int, eos_id: int,
+            out_weight: Tensor | None = None) -> tuple[Running | None, list[tuple[Hashable, list[Hypothesis]]]]:
+    """One step of every sentence: the state after it (None when no sentence is left) and the
+    sentences that finished, each with its cfg.nbest hypotheses, best first."""
+    k, pad_id = cfg.beam, model.pad_id
+    greedy = k == 1  # as relmt.decode.search.nbest_search: fairseq's EOS rule, stopping at the first finished
+    t2t = not greedy and EosCandidates(cfg.eos_candidates) == EosCandidates.t2t
+    early_stop = cfg.early_stop or greedy
+    slot = run.tokens.shape[1] - 1
+    t = slot - run.starts  # (n,) steps each sentence has taken
+    rows_start = run.starts.repeat_interleave(k)
+    logits, cache = model.decode_step(run.tokens[:, -1], run.memory, run.src_mask, run.cache, step=slot,
+                                      out_weight=out_weight, starts=rows_start)
+    n, device = run.alive.shape[0], run.tokens.device
+    banned = torch.tensor([pad_id, bos_id], device=device)
+    row_ban = ((t < cfg.min_len).repeat_interleave(k), eos_id) if cfg.min_len else None
+    cand, origin, token = step_candidates(logits.float(), run.alive, banned, 2 * k, row_ban)  # (n, 2K)
+
+    rank = torch.arange(2 * k, device=device)
+    is_eos = token == eos_id
+    keep = torch.sort(is_eos.int() * 2 * k + rank, dim=1).indices[:, :k]  # the first K non-EOS stay live
+    last = (t + 1 >= run.limit)[:, None]
+    if t2t:
+        kept = torch.zeros_like(is_eos).scatter_(1, keep, True)
+        finishing = is_eos | (last & kept)
+    else:
+        finishing = (is_eos | last) & (rank < k)
+    finishing &= torch.isfinite(cand)
+    rows = torch.arange(n, device=device)[:, None] * k + origin
+    seqs = torch.cat((run.tokens[rows.view(-1), 1:].view(n, 2 * k, slot), token[:, :, None]), dim=2)
+    lp = length_penalty((t + 1).double(), cfg.lenpen, cfg.length_norm).to(cand.dtype)[:, None]
+    pool_tokens = torch.cat((run.pool_tokens, run.pool_tokens.new_full((n, k, 1), pad_id)), dim=2)
+    pool_scores, pool_tokens = merge_finished(run.pool_scores, pool_tokens,
+                                              (cand / lp).masked_fill(~finishing, float("-inf")), seqs)
+    alive = cand.gather(1, keep)
+    rows = rows.gather(1, keep).view(-1)
+    tokens = torch.cat((run.tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
+    cache = cache.select(rows)
+    done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
+                         can_stop(pool_scores, alive, run.limit, cfg.lenpen, cfg.length_norm))
+    finished = []
+    if done.any():
+        for i, scores, seq in zip(done.nonzero().view(-1).tolist(), pool_scores[done].tolist(),
+                                  pool_tokens[done].tolist()):
+            hyps = [Hypothesis([x for x in s if x not in (eos_id, pad_id, bos_id)], sc)
+                    for sc, s in zip(scores, seq) if sc != float("-inf")]
+            finished.append((run.keys[i], hyps[: cfg.nbest]))
+    left = ~done
+    if not left.any():
+        return None, finished
+    state = Running(tuple(key for key, d in zip(run.keys, done.tolist()) if not d), tokens, run.starts, alive,
+                    pool_scores, pool_tokens, run.limit, run.memory, run.src_mask, cache)
+    return (trim(keep_sentences(state, left), pad_id) if done.any() else state), finished
+
+
+def keep_sentences(run: Running, left: Tensor) -> Running:
+    """The sentences where `left` (n,) is True; the keys are already theirs."""
+    k = run.alive.shape[1]
+    rows = left.repeat_interleave(k)
+    return Running(run.keys, run.tokens[rows], run.starts[left], run.alive[left], run.pool_scores[left],
+                   run.pool_tokens[left], run.limit[left], run.memory[left], run.src_mask[left],
+                   run.cache.select(rows.nonzero().view(-1), left.nonzero().view(-1)))
+
+
+def trim(run: Running, pad_id: int) -> Running:
+    """Cut the front slots that no remaining sentence uses (all before every start) from the tokens,
+    the pools and the cache: positions are step - start and the relative terms read distances, so
+    shifting every slot by the same amount changes nothing (RoPE is not decoded here)."""
+    cut = int(run.starts.min())
+    if cut == 0:
+        return run
+    layers = tuple(LayerCache(lc.self_k[:, :, cut:], lc.self_v[:, :, cut:], lc.cross_k, lc.cross_v)
+                   for lc in run.cache.layers)
+    # pool column c holds slot c + 1: the cut columns hold slot 1..cut, padding or a BOS
+    return Running(run.keys, run.tokens[:, cut:], run.starts - cut, run.alive, run.pool_scores,
+                   run.pool_tokens[:, :, cut:], run.limit, run.memory, run.src_mask,
+                   DecoderCache(layers, run.cache.order))

@@ -1,0 +1,106 @@
+"""Continuous batching (relmt/decode/continuous.py): a sentence that joins a running beam search at a
+step boundary gets the hypotheses that beam_search gives it alone, in every position mode it serves."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from relmt.config import DecodeConfig
+from relmt.decode import continuous
+from relmt.decode.beam import beam_search
+from tests.test_incremental import MODES, make
+
+PAD, BOS, EOS = 0, 2, 3
+SOURCES = [[5, 9, 12, 7, 30], [8, 11], [6, 6, 6, 6], [14, 5], [9, 9, 21, 4, 4, 17, 8]]
+SERVED = [m for m in MODES if m != "rope"]
+
+
+def src_of(ids: list[list[int]]) -> torch.Tensor:
+    src = torch.full((len(ids), max(map(len, ids)) + 1), PAD)
+    for row, x in enumerate(ids):
+        src[row, : len(x)] = torch.tensor(x)
+        src[row, len(x)] = EOS
+    return src
+
+
+def alone(model, ids: list[int], cfg: DecodeConfig):
+    greedy = cfg.beam == 1
+    return beam_search(model, src_of([ids]), cfg.beam, BOS, EOS, cfg.lenpen, cfg.max_len_a, cfg.max_len_b,
+                       nbest=cfg.nbest, early_stop=cfg.early_stop or greedy, min_len=cfg.min_len,
+                       eos_candidates="fairseq" if greedy else cfg.eos_candidates, length_norm=cfg.length_norm)[0]
+
+
+def run_schedule(model, cfg: DecodeConfig, schedule: dict[int, list[int]]) -> dict[int, list]:
+    """Decode SOURCES, sentence i joining before step schedule-step (schedule: step -> sentence indices);
+    a step with nothing running waits for the next joiners. Returns each sentence's hypotheses."""
+    run, out, step = None, {}, 0
+    while len(out) < sum(map(len, schedule.values())):
+        if step in schedule:
+            new = continuous.start(model, src_of([SOURCES[i] for i in schedule[step]]), schedule[step], cfg, BOS)
+            run = continuous.join(run, new, PAD)
+        if run is not None:
+            run, finished = continuous.advance(model, run, cfg, BOS, EOS)
+            out.update(finished)
+        step += 1
+    return out
+
+
+@pytest.mark.parametrize("mode", SERVED)
+def test_sentences_joining_a_running_search_get_what_they_get_alone(mode, float64):
+    """Sentences join at steps 0, 2 and 3, and after the first ones finished (the cut of unused front
+    slots); each gets beam_search's hypotheses for it alone: the same tokens, the scores to rounding."""
+    model = make(mode)
+    cfg = DecodeConfig(beam=3, nbest=3, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    out = run_schedule(model, cfg, {0: [0], 2: [1, 2], 3: [3], 12: [4]})
+    for i, hyps in out.items():
+        want = alone(model, SOURCES[i], cfg)
+        assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-9)
+
+
+@pytest.mark.parametrize("options", [dict(beam=1), dict(beam=2, eos_candidates="fairseq"), dict(min_len=4, nbest=2),
+                                     dict(early_stop=True, lenpen=1.0), dict(length_norm="power", lenpen=1.0)],
+                         ids=["greedy", "fairseq", "min_len", "early_stop", "power"])
+def test_every_search_option_holds_when_joining(options, float64):
+    model = make("rel")
+    cfg = replace(DecodeConfig(beam=3, max_len_a=1.0, max_len_b=4), **options)
+    out = run_schedule(model, cfg, {0: [0, 4], 1: [1], 5: [2, 3]})
+    for i, hyps in out.items():
+        want = alone(model, SOURCES[i], cfg)
+        assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-9)
+    if "min_len" in options:
+        assert all(len(h.tokens) >= 4 for hs in out.values() for h in hs)
+
+
+def test_joined_all_at_once_in_float32_is_beam_search_of_the_batch():
+    """In the precision decoding runs in, a batch that starts together is the batch beam_search decodes."""
+    model = make("rel")
+    cfg = DecodeConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=5)
+    out = run_schedule(model, cfg, {0: list(range(len(SOURCES)))})
+    want = beam_search(model, src_of(SOURCES), 4, BOS, EOS, 0.6, 1.0, 5, nbest=2)
+    assert [[h.tokens for h in out[i]] for i in range(len(SOURCES))] == [[h.tokens for h in w] for w in want]
+    for i, w in enumerate(want):
+        assert [h.score for h in out[i]] == pytest.approx([h.score for h in w], rel=1e-5)
+
+
+def test_the_unused_front_slots_are_cut():
+    model = make("abs")
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=3)  # every sentence stops at step 3
+    run = continuous.start(model, src_of([SOURCES[0]]), [0], cfg, BOS)
+    for _ in range(2):
+        run, _ = continuous.advance(model, run, cfg, BOS, EOS)
+    run = continuous.join(run, continuous.start(model, src_of([SOURCES[1]]), [1], cfg, BOS), PAD)
+    assert run.starts.tolist() == [0, 2] and run.cache.length == 2
+    run, finished = continuous.advance(model, run, cfg, BOS, EOS)
+    assert [key for key, _ in finished] == [0] and run.keys == (1,)
+    assert run.starts.tolist() == [0] and run.cache.length == 1 and run.tokens.shape[1] == 2  # BOS, one token
+
+
+def test_rope_and_sampling_are_served_batch_by_batch():
+    assert continuous.supports(make("rel"), DecodeConfig())
+    assert not continuous.supports(make("rope"), DecodeConfig())  # keys rotated by slot: slots never shift here
+    assert not continuous.supports(make("rel"), DecodeConfig(sampling=True))
