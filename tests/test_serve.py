@@ -202,18 +202,51 @@ def test_health_ready_metrics_and_page(server):
     assert not re.search(r"(src|href)=\"(https?:)?//", page.text)  # no external assets
 
 
-def test_concurrent_requests_share_a_batch(server):
-    """Four one-sentence requests that queue behind a busy decoder are decoded as one batch."""
+def test_requests_queued_behind_a_running_search_join_it(server):
+    """Continuous batching (the default): four one-sentence requests that queue while the decoder is busy join
+    the running search together at its next step, beside the sentence already in it: a step of five."""
     count = server.metric("relmt_serve_batch_sentences_count")
-    total = server.metric("relmt_serve_batch_sentences_sum")
+    small = server.metric('relmt_serve_batch_sentences_bucket{le="4.0"}')
     busy = threading.Thread(target=post, args=(server, {"text": "RELMT_TEST_SLOW the dog"}))
     busy.start()
-    time.sleep(0.3)  # the slow batch is taken
+    time.sleep(0.3)  # the slow request is being admitted
     answers = in_threads([lambda i=i: post(server, {"text": f"bob ran {i}"}) for i in range(4)])
     busy.join(30)
     assert [a.status_code for a in answers] == [200] * 4
-    assert server.metric("relmt_serve_batch_sentences_count") == count + 2
-    assert server.metric("relmt_serve_batch_sentences_sum") == total + 5
+    steps = server.metric("relmt_serve_batch_sentences_count") - count
+    assert steps > 0 and server.metric('relmt_serve_batch_sentences_bucket{le="4.0"}') - small < steps
+
+
+def test_continuous_answers_are_the_offline_translations(server, ckpt):
+    """The same sentences, one request each, concurrently: each answer is relmt-translate's for it."""
+    from relmt.decode.translator import Translator
+
+    sentences = ["the dog saw the cat", "bob ran", "the cat", "a dog ran to the cat and the dog", ""]
+    answers = in_threads([lambda s=s: post(server, {"text": [s], "options": {"nbest": 2}}) for s in sentences])
+    want = Translator.from_checkpoint(ckpt).translate_nbest(sentences, nbest=2)
+    for s, a, w in zip(sentences, answers, want):
+        assert a.status_code == 200, a.text
+        got = a.json()["nbest"][0]
+        assert [h["translation"] for h in got] == [t for t, _ in w], s
+        assert [h["score"] for h in got] == pytest.approx([sc for _, sc in w], abs=1e-4)
+
+
+def test_batch_by_batch_requests_queued_behind_a_busy_decoder_share_a_batch(ckpt, tmp_path):
+    """continuous=false: four one-sentence requests that queue behind a busy decoder are decoded as one batch."""
+    s = Server(ckpt, tmp_path / "batch.log", "continuous=false")
+    try:
+        count = s.metric("relmt_serve_batch_sentences_count")
+        total = s.metric("relmt_serve_batch_sentences_sum")
+        busy = threading.Thread(target=post, args=(s, {"text": "RELMT_TEST_SLOW the dog"}))
+        busy.start()
+        time.sleep(0.3)  # the slow batch is taken
+        answers = in_threads([lambda i=i: post(s, {"text": f"bob ran {i}"}) for i in range(4)])
+        busy.join(30)
+        assert [a.status_code for a in answers] == [200] * 4
+        assert s.metric("relmt_serve_batch_sentences_count") == count + 2
+        assert s.metric("relmt_serve_batch_sentences_sum") == total + 5
+    finally:
+        s.stop()
 
 
 class FakeTranslator:
@@ -577,6 +610,7 @@ def test_the_load_benchmark_runs_small(ckpt, tmp_path):
                           capture_output=True, text=True, env=server_env(), cwd=root, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     payload = json.loads((tmp_path / "serve.json").read_text())
-    assert [(row["clients"], row["ok"], row["errors"]) for row in payload["levels"]] == [(1, 6, {}), (4, 6, {})]
-    assert payload["exit_status"] == 0 and payload["offline"]["single_n"] == 3
+    assert [(row["batching"], row["clients"], row["ok"], row["errors"]) for row in payload["levels"]] == [
+        (mode, clients, 6, {}) for mode in ("continuous", "batch") for clients in (1, 4)]
+    assert payload["exit_statuses"] == {"continuous": 0, "batch": 0} and payload["offline"]["single_n"] == 3
     assert "1 client p50 ÷ offline one-at-a-time" in (tmp_path / "serve.md").read_text()

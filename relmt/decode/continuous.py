@@ -57,6 +57,7 @@ class Running:
     cache: DecoderCache
 
 
+@torch.no_grad()
 def start(model: Transformer, src: Tensor, keys: list[Hashable], cfg: DecodeConfig, bos_id: int) -> Running:
     """The state of the sentences src (n, S) (ids, EOS, padding) before their first step."""
     k = cfg.beam
@@ -70,6 +71,7 @@ def start(model: Transformer, src: Tensor, keys: list[Hashable], cfg: DecodeConf
                    model.init_cache(memory, n * k))
 
 
+@torch.no_grad()
 def join(run: Running | None, new: Running, pad_id: int) -> Running:
     """`new` (from `start`) joined to the running search at its next slot."""
     if run is None:

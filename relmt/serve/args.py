@@ -32,6 +32,9 @@ class ServeArgs:
     queue_size: int = 256  # sentences waiting for the decoder; a request that does not fit gets 503 + Retry-After
     max_batch_tokens: int = 2000  # source tokens (sentencepiece pieces) gathered into one batch
     max_wait_ms: float = 5.0  # how long the first sentence of a batch waits for others to join it
+    # join new sentences into the running beam search between two steps (relmt/decode/continuous.py); false, or
+    # engine != torch, an ensemble, RoPE or sampling: batch after batch, waiting up to max_wait_ms to gather one
+    continuous: bool = True
     shutdown_deadline_s: float = 30.0  # on SIGTERM: time to answer the requests already accepted
     log_level: str = "warning"  # uvicorn's: critical | error | warning | info | debug
 

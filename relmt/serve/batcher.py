@@ -1,5 +1,12 @@
 """One decoding thread that owns the Translator and batches sentences across requests.
 
+With continuous=True (relmt-serve's default) and a model the running search can take
+(relmt.decode.continuous.supports), the thread runs one beam search that queued jobs join between two
+steps (`run_stream`, relmt/serve/stream.py): the oldest job and those with its settings, once a
+quarter as many sentences as the search holds are queued or the oldest has waited max_wait_ms, within
+max_batch_tokens source tokens counting the running ones. A job with other settings waits for the
+search to end. Otherwise it decodes batch after batch, as follows.
+
 A request's sentences enter a bounded queue as one Job (all of them or none: a request that does
 not fit gets QueueFull, answered 503 with Retry-After). The thread takes the oldest job and decodes
 up to max_batch_tokens source tokens of the jobs with its decoding settings as one call of
@@ -13,15 +20,13 @@ became free. A lone client therefore never waits. Waiting from the arrival alone
 clients (each sends again when answered) settle into two alternating halves, each taken the moment
 the other ended; now the answered clients are waited for, as long as they come back within max_wait.
 
-Jobs with other settings keep
-their place for a later batch. Sampling requests are never joined with others: a sample is seeded by
-its line number in the batch (relmt/decode/sampling.py), so joining would make a request's samples
-depend on its neighbours.
+Jobs with other settings keep their place for a later batch. Sampling requests are never joined
+with others: a sample is seeded by its line number in the batch (relmt/decode/sampling.py), so
+joining would make a request's samples depend on its neighbours.
 
-A batch that raises fails its own jobs, each with the message, and nothing else. A job whose client
-left before its batch was taken is dropped unbatched (its sentences cost nothing more); one already
-in a running batch is decoded with it. Joining new sentences into a running beam search at step
-boundaries (continuous batching) is not done here.
+A batch (continuous: a step) that raises fails its own jobs, each with the message, and nothing else.
+A job whose client left before its batch was taken is dropped unbatched (its sentences cost nothing
+more); one already in a running batch is decoded with it.
 
 Test hooks (off unless the environment sets RELMT_SERVE_TEST_HOOKS=1, for tests/test_serve.py): a
 batch holding a sentence with RELMT_TEST_FAULT raises, and one with RELMT_TEST_SLOW sleeps two seconds
@@ -42,6 +47,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import astuple, dataclass, field
 
 from relmt.config import DecodeConfig
+from relmt.decode import continuous
+from relmt.serve.stream import Stream
 
 log = logging.getLogger(__name__)
 HOOKS_ENV = "RELMT_SERVE_TEST_HOOKS"
@@ -70,6 +77,8 @@ class Job:
     future: Future = field(default_factory=Future)  # list[list[(text, score)]], one list per sentence
     cancelled: bool = False
     key: tuple = ()
+    results: list = field(default_factory=list)  # continuous batching: each sentence's answer as it finishes
+    left: int = 0  # continuous batching: its sentences not yet finished
 
     def __post_init__(self) -> None:  # the settings a batch shares; a sampling job shares with no other
         self.key = ("sampling", next(_ids)) if self.decode.sampling else astuple(self.decode)
@@ -82,8 +91,9 @@ class Batcher:
 
     def __init__(self, load: Callable, queue_size: int, max_batch_tokens: int, max_wait_ms: float,
                  on_batch: Callable[[int, float], None], on_queue: Callable[[int], None],
-                 on_load_error: Callable[[str], None], hooks: bool | None = None) -> None:
+                 on_load_error: Callable[[str], None], hooks: bool | None = None, continuous: bool = False) -> None:
         self.load, self.queue_size, self.max_batch_tokens = load, queue_size, max_batch_tokens
+        self.continuous = continuous
         self.max_wait = max_wait_ms / 1000
         self.on_batch, self.on_queue, self.on_load_error = on_batch, on_queue, on_load_error
         self.hooks = os.environ.get(HOOKS_ENV) == "1" if hooks is None else hooks
@@ -147,8 +157,69 @@ class Batcher:
             log.error("%s", self.load_error)
             self.on_load_error(self.load_error)
             return
+        if self.continuous and continuous.supports(self.translator.model, self.default_decode):
+            self.run_stream(Stream(self.translator, self.on_batch))
+            return
         while (batch := self.next_batch()) is not None:
             self.decode(batch)
+
+    def run_stream(self, stream: Stream) -> None:
+        """Continuous batching: jobs join the running search between two steps (relmt/serve/stream.py);
+        a job the search cannot take (sampling) is decoded as a batch of its own while nothing runs."""
+        while (jobs := self.admissions(stream)) is not None:
+            if jobs and not continuous.supports(self.translator.model, jobs[0].decode):
+                self.decode(jobs)
+                continue
+            if jobs:
+                try:
+                    self.test_hooks([s for job in jobs for s in job.sentences])
+                    stream.admit(jobs)
+                except Exception as e:
+                    log.exception("admitting %d request(s) to the running search failed", len(jobs))
+                    for job in jobs:
+                        stream.jobs.pop(id(job), None)
+                        fail(job, BatchFailed(f"decoding failed: {type(e).__name__}: {e}"))
+            if stream.idle:
+                continue
+            try:
+                stream.step()
+            except Exception as e:
+                failed = stream.fail()
+                log.exception("a decoding step of %d request(s) failed", len(failed))
+                for job in failed:
+                    fail(job, BatchFailed(f"decoding failed in a step of {len(failed)} request(s): "
+                                          f"{type(e).__name__}: {e}"))
+
+    def admissions(self, stream: Stream) -> list[Job] | None:
+        """The jobs to join the running search now: the oldest job and those with its settings, within
+        max_batch_tokens of source tokens counting the running ones; [] to step on without new ones (the
+        oldest has other settings, and waits for the search to end; or fewer than a quarter of its sentences are
+        queued and the oldest has waited less than max_wait); None once stopping with nothing left."""
+        with self.cond:
+            while True:
+                while stream.idle and not self.queue and not self.stopping:
+                    self.cond.wait()
+                self.drop_cancelled()
+                if not self.queue:
+                    if not stream.idle:
+                        return []
+                    if self.stopping:
+                        return None
+                    continue
+                first = self.queue[0]
+                budget = self.max_batch_tokens
+                if not stream.idle:
+                    if first.key != stream.key or stream.tokens + first.tokens > budget:
+                        return []
+                    # joining costs an encoder pass and a copy of the caches: gather a quarter of the search's
+                    # sentences first, unless the oldest has waited max_wait
+                    waiting = sum(len(j.sentences) for j in self.queue if j.key == first.key)
+                    if 4 * waiting < len(stream.run.keys) and time.monotonic() - first.arrived < self.max_wait:
+                        return []
+                    budget -= stream.tokens
+                jobs = self.take(first, budget)
+                if jobs or not stream.idle:
+                    return jobs
 
     def next_batch(self) -> list[Job] | None:
         """The next batch: the oldest job and the jobs with its settings, up to max_batch_tokens, once as
@@ -187,11 +258,14 @@ class Batcher:
             fail(job, BatchFailed("the client left"))
         self.on_queue(self.pending)
 
-    def take(self, first: Job) -> list[Job]:
+    def take(self, first: Job, budget: int | None = None) -> list[Job]:
+        """The queued jobs with first's settings, oldest first, within `budget` source tokens (default
+        max_batch_tokens; the first job is taken whatever its size)."""
         self.drop_cancelled()
         batch, tokens = [], 0
+        budget = self.max_batch_tokens if budget is None else budget
         for job in list(self.queue):
-            if job.key != first.key or (batch and tokens + job.tokens > self.max_batch_tokens):
+            if job.key != first.key or (batch and tokens + job.tokens > budget):
                 continue
             self.queue.remove(job)
             self.pending -= len(job.sentences)

@@ -19,7 +19,7 @@ from relmt.errors import UserError
 USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ctranslate2] [device=auto]\n"
          "            [host=127.0.0.1] [port=8000] [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000]\n"
          "            [max_beam=8] [max_connections=1024] [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=5]\n"
-         "            [shutdown_deadline_s=30] [log_level=warning]\n"
+         "            [continuous=true] [threads=0] [shutdown_deadline_s=30] [log_level=warning]\n"
          "Serve translations over HTTP: POST /v1/translate {\"text\": [...], \"options\": {\"beam\": 4}},\n"
          "GET /health, /ready, /metrics (Prometheus) and a form at /. A host other than loopback needs the\n"
          "environment variable RELMT_SERVE_API_KEY (clients send 'Authorization: Bearer <key>').")
@@ -81,7 +81,7 @@ def serve(argv: list[str]) -> int:
             server.should_exit = True
 
     batcher = Batcher(load, args.queue_size, args.max_batch_tokens, args.max_wait_ms, metrics.observe_batch,
-                      metrics.queue.set, load_failed)
+                      metrics.queue.set, load_failed, continuous=args.continuous)
     state = State(args, batcher, metrics, api_key=key)
     config = uvicorn.Config(create_app(state), log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=args.shutdown_deadline_s, server_header=False,

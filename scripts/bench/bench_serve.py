@@ -13,7 +13,10 @@ the same model and settings as references. Run it alone on the machine.
   after --max-seconds; a client sends its next request when its last is answered.
 - References, in this process before the server starts, on the same threads: the Translator decoding
   the sentences 32 per batch (decode.max_sentences=32, relmt-translate's batching), and one at a time.
-- Reported per level: sentences/s, p50/p95/p99 latency, errors; and the issue's ratios. Writes
+- Each --batching mode in turn (default both: continuous, the server's default, then batch by batch,
+  relmt-serve continuous=false), in the same run.
+- Reported per mode and level: sentences/s, p50/p95/p99 latency, errors; and the issue's ratios, of the
+  first mode. Writes
   --json and --md (default docs/results/performance/serve_cpu.json and .md).
 Loops are bounded in count and time, and every request goes to 127.0.0.1 only.
 """
@@ -93,7 +96,8 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "relmt.serve", f"checkpoint={opts.checkpoint}", f"engine={opts.engine}",
                  "host=127.0.0.1", "port=0", f"queue_size={max(256, 2 * max(opts.clients))}",
-                 f"max_wait_ms={opts.max_wait_ms}"], stdout=out, stderr=subprocess.STDOUT, env=env)
+                 f"max_wait_ms={opts.max_wait_ms}", f"continuous={'true' if opts.mode == 'continuous' else 'false'}"],
+                stdout=out, stderr=subprocess.STDOUT, env=env)
         self.url = self.wait(r"listening on (http://127\.0\.0\.1:\d+)")
 
     def wait(self, pattern: str) -> str:
@@ -178,14 +182,15 @@ def markdown(payload: dict) -> str:
              f"{payload['sentences']} sentences from `{payload['src']}`; checkpoint `{payload['checkpoint']}`; "
              f"{', '.join(f'{k} {v}' for k, v in payload['host'].items())}.", "",
              f"Command: `{payload['command']}`", "",
-             "| clients | requests | sentences/s | p50 ms | p95 ms | p99 ms | errors |",
-             "|---|---|---|---|---|---|---|"]
+             "| batching | clients | requests | sentences/s | p50 ms | p95 ms | p99 ms | errors |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in payload["levels"]:
-        lines.append(f"| {row['clients']} | {row['requests']} | {row['sent_per_s']:.1f} | {row['p50_s'] * 1e3:.1f} | "
-                     f"{row['p95_s'] * 1e3:.1f} | {row['p99_s'] * 1e3:.1f} | {sum(row['errors'].values())} |")
+        lines.append(f"| {row['batching']} | {row['clients']} | {row['requests']} | {row['sent_per_s']:.1f} | "
+                     f"{row['p50_s'] * 1e3:.1f} | {row['p95_s'] * 1e3:.1f} | {row['p99_s'] * 1e3:.1f} | "
+                     f"{sum(row['errors'].values())} |")
     lines += ["", f"Offline (the Translator in-process): {ref['batch32_sent_per_s']:.1f} sentences/s at 32 per "
               f"batch; {ref['single_p50_s'] * 1e3:.1f} ms p50 one at a time ({ref['single_n']} sentences).", "",
-              "| goal | target | measured |", "|---|---|---|"]
+              f"Goals, batching {payload['batching'][0]}:", "", "| goal | target | measured |", "|---|---|---|"]
     lines += [f"| {g} | {t} | {m} |" for g, t, m in payload["goals"]]
     lines += ["", f"relmt-serve's exit status after SIGTERM: {payload['exit_status']}.", ""]
     return "\n".join(lines)
@@ -203,6 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--single-n", type=int, default=100, help="sentences decoded one at a time offline")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--batching", nargs="+", choices=["continuous", "batch"], default=["continuous", "batch"])
     parser.add_argument("--log", type=Path, default=Path("/tmp/relmt-bench-serve.log"))
     parser.add_argument("--json", type=Path, default=ROOT / "docs/results/performance/serve_cpu.json")
     parser.add_argument("--md", type=Path, default=ROOT / "docs/results/performance/serve_cpu.md")
@@ -210,21 +216,29 @@ def main(argv: list[str] | None = None) -> dict:
     sentences = load_sentences(opts)
     ref = offline(opts, sentences)
     print(f"offline: {json.dumps(ref)}", flush=True)
-    server = ServerProcess(opts, opts.log)
-    levels: dict[int, dict] = {}
-    try:
-        for clients in opts.clients:
-            levels[clients] = asyncio.run(drive(server.url, sentences, clients, opts.requests, opts.max_seconds))
-            print(json.dumps(levels[clients]), flush=True)
-    finally:
-        status = server.stop()
+    rows, first, statuses = [], {}, {}
+    for mode in opts.batching:
+        opts.mode = mode
+        server = ServerProcess(opts, opts.log)
+        try:
+            for clients in opts.clients:
+                row = {"batching": mode, **asyncio.run(drive(server.url, sentences, clients, opts.requests,
+                                                                opts.max_seconds))}
+                rows.append(row)
+                if mode == opts.batching[0]:
+                    first[clients] = row
+                print(json.dumps(row), flush=True)
+        finally:
+            statuses[mode] = server.stop()
+    status = max(statuses.values(), key=abs)
     from relmt.host import host
 
     given = argv if argv is not None else sys.argv[1:]
     payload = {"command": " ".join(["python scripts/bench/bench_serve.py", *given]),
                "engine": opts.engine, "threads": opts.threads, "checkpoint": str(opts.checkpoint),
                "src": str(opts.src or "peer corpus test.src"), "sentences": len(sentences), "host": host(),
-               "offline": ref, "levels": list(levels.values()), "goals": goals(levels, ref), "exit_status": status}
+               "batching": opts.batching, "offline": ref, "levels": rows, "goals": goals(first, ref),
+               "exit_status": status, "exit_statuses": statuses}
     opts.json.parent.mkdir(parents=True, exist_ok=True)
     opts.json.write_text(json.dumps(payload, indent=2) + "\n")
     opts.md.write_text(markdown(payload))
