@@ -20,9 +20,11 @@ class Metrics:
                               ["kind"], registry=r)
         self.latency = Histogram("relmt_serve_request_seconds", "Time from a translation request's arrival to "
                                  "its answer", buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("relmt_serve_batch_sentences", "Sentences in each decoded batch",
+        self.batch_size = Histogram("relmt_serve_batch_sentences", "Sentences in each decoded batch "
+                                    "(continuous batching: in each step)",
                                     buckets=BATCH_BUCKETS, registry=r)
-        self.batch_seconds = Histogram("relmt_serve_batch_seconds", "Decoding time of each batch",
+        self.batch_seconds = Histogram("relmt_serve_batch_seconds", "Decoding time of each batch "
+                                       "(continuous batching: of each step)",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.queue = Gauge("relmt_serve_queue_sentences", "Sentences waiting for the decoder", registry=r)
         self.in_progress = Gauge("relmt_serve_requests_in_progress", "Translation requests accepted and not yet "
