@@ -231,6 +231,23 @@ def test_continuous_answers_are_the_offline_translations(server, ckpt):
         assert [h["score"] for h in got] == pytest.approx([sc for _, sc in w], abs=1e-4)
 
 
+def test_the_output_length_set_at_start_is_relmt_translates(ckpt, tmp_path):
+    """max_len_a, max_len_b and min_len at start replace the checkpoint's, in both batching modes."""
+    from relmt.decode.translator import Translator
+
+    sentences = ["the dog saw the cat", "bob ran"]
+    want = Translator.from_checkpoint(ckpt).translate(sentences, max_len_a=0.0, max_len_b=3, min_len=3)
+    assert want != Translator.from_checkpoint(ckpt).translate(sentences)  # the settings change the output
+    for mode in ("true", "false"):
+        s = Server(ckpt, tmp_path / f"length_{mode}.log", "max_len_a=0", "max_len_b=3", "min_len=3",
+                   f"continuous={mode}")
+        try:
+            r = post(s, {"text": sentences})
+            assert r.status_code == 200 and r.json()["translations"] == want, (mode, r.text)
+        finally:
+            s.stop()
+
+
 def test_batch_by_batch_requests_queued_behind_a_busy_decoder_share_a_batch(ckpt, tmp_path):
     """continuous=false: four one-sentence requests that queue behind a busy decoder are decoded as one batch."""
     s = Server(ckpt, tmp_path / "batch.log", "continuous=false")
@@ -504,6 +521,8 @@ def test_other_hosts_need_an_api_key_and_it_is_checked_before_binding(ckpt):
     (["max_lines=0"], "max_lines=0: must be >= 1"),
     (["port=70000"], "port=70000: must be in"),
     (["threads=-1"], "threads=-1: must be >= 0"),
+    (["max_len_b=-1"], "decode.max_len_b: must be >= 0, got -1"),
+    (["min_len=-2"], "decode.min_len: must be >= 0, got -2"),
 ])
 def test_bad_arguments_are_said_before_anything_loads(ckpt, args, message, monkeypatch):
     from relmt.serve.main import serve

@@ -35,8 +35,28 @@ class ServeArgs:
     # join new sentences into the running beam search between two steps (relmt/decode/continuous.py); false, or
     # engine != torch, an ensemble, RoPE or sampling: batch after batch, waiting up to max_wait_ms to gather one
     continuous: bool = True
+    # the output length, over the checkpoint's decode config (relmt-translate's decode keys of the same names):
+    # at most floor(max_len_a * |x| + max_len_b) tokens, at least min_len; None: the checkpoint's
+    max_len_a: float | None = None
+    max_len_b: int | None = None
+    min_len: int | None = None
     shutdown_deadline_s: float = 30.0  # on SIGTERM: time to answer the requests already accepted
     log_level: str = "warning"  # uvicorn's: critical | error | warning | info | debug
+
+
+LENGTH_KEYS = ("max_len_a", "max_len_b", "min_len")
+
+
+def length_overrides(args: ServeArgs) -> dict:
+    """The output length settings given at start, checked as relmt-translate checks decode.<key>."""
+    from relmt.config import DecodeConfig
+
+    over = {k: getattr(args, k) for k in LENGTH_KEYS if getattr(args, k) is not None}
+    try:
+        DecodeConfig(**over)
+    except ValueError as e:  # a negative length, named as decode.<key>
+        raise UserError(str(e)) from None
+    return over
 
 
 def check_args(args: ServeArgs) -> None:

@@ -19,7 +19,8 @@ from relmt.errors import UserError
 USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ctranslate2] [device=auto]\n"
          "            [host=127.0.0.1] [port=8000] [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000]\n"
          "            [max_beam=8] [max_connections=1024] [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=5]\n"
-         "            [continuous=true] [threads=0] [shutdown_deadline_s=30] [log_level=warning]\n"
+         "            [continuous=true] [threads=0] [max_len_a=] [max_len_b=] [min_len=] [shutdown_deadline_s=30]\n"
+         "            [log_level=warning]\n"
          "Serve translations over HTTP: POST /v1/translate {\"text\": [...], \"options\": {\"beam\": 4}},\n"
          "GET /health, /ready, /metrics (Prometheus) and a form at /. A host other than loopback needs the\n"
          "environment variable RELMT_SERVE_API_KEY (clients send 'Authorization: Bearer <key>').")
@@ -40,18 +41,20 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(argv: list[str]) -> int:
+    from dataclasses import replace
     from pathlib import Path
 
     from relmt import checkpoint
     from relmt.cli.common import parse_args, setup_logging
     from relmt.serve.app import State, create_app
-    from relmt.serve.args import EXAMPLE, ServeArgs, check_args
+    from relmt.serve.args import EXAMPLE, ServeArgs, check_args, length_overrides
     from relmt.serve.batcher import Batcher
     from relmt.serve.metrics import Metrics
     from relmt.serve.security import api_key
 
     args = parse_args(ServeArgs, argv, EXAMPLE)
     check_args(args)
+    lengths = length_overrides(args)
     key = api_key(args.host)  # before anything loads: a server that would be open to others never starts
     paths = [str(p) for p in args.checkpoint] if isinstance(args.checkpoint, list) else [str(args.checkpoint)]
     for path in paths:
@@ -68,8 +71,10 @@ def serve(argv: list[str]) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         tune_cpu()
-        return Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
-                                           engine=args.engine)
+        translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
+                                                 engine=args.engine)
+        translator.decode = replace(translator.decode, **lengths)
+        return translator
 
     metrics = Metrics()
     failed: list[str] = []
