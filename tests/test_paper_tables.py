@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from relmt.cli.report import main
 from relmt.report.aggregate import aggregate
-from relmt.report.cli import main
 
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "scripts" / "reproduce" / "paper_tables.py"

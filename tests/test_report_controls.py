@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from relmt.report.cli import main
+from relmt.cli.report import main
 from relmt.report.controls import Setting, split_variants, stages_table, tail_range, usual_updates
 from relmt.report.runs import find_run_dirs, read_runs
 from tests.report_runs import config, corrupt, scores, write_refs, write_run

@@ -10,8 +10,7 @@ import json
 import pytest
 from sacrebleu.metrics import BLEU
 
-from relmt.report.cli import main
-from relmt.report.length import parse_cutoffs
+from relmt.cli.report import main, parse_cutoffs
 from relmt.report.runs import ReportError
 from relmt.report.tables import seen_in_training
 from tests.report_runs import fabricate_length, hypotheses, write_refs

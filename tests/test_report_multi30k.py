@@ -12,7 +12,7 @@ import shutil
 import pytest
 from sacrebleu.metrics import BLEU
 
-from relmt.report.cli import main
+from relmt.cli.report import main
 from tests.report_runs import SPLITS, fabricate_multi30k, hypotheses, write_refs
 
 

@@ -5,7 +5,7 @@ import contextlib
 import io
 import json
 
-from relmt.report.cli import main
+from relmt.cli.report import main
 from tests.report_runs import config, write_run
 
 SCORES = {"test": {"bleu": 81.42}, "test_long": {"bleu": 25.54}}

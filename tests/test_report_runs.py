@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from relmt.cli.report import main
 from relmt.report.aggregate import Stat
-from relmt.report.cli import main
 from relmt.report.runs import load_run, read_curve
 from relmt.report.tables import learning_curves, sampled
 from tests.report_runs import config, write_run
@@ -87,8 +87,8 @@ def test_sampled_rows_keep_the_first_and_the_last():
 def test_console_script_points_at_main():
     # tomllib is Python 3.11+; the project supports 3.10, so the [project.scripts] line is read as text
     scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
-    assert 'relmt-report = "relmt.cli.report:main"' in scripts.splitlines()  # which calls relmt.report.cli.main
-    proc = subprocess.run([sys.executable, "-m", "relmt.report.cli", "--help"], capture_output=True, text=True)
+    assert 'relmt-report = "relmt.cli.report:main"' in scripts.splitlines()
+    proc = subprocess.run([sys.executable, "-m", "relmt.cli.report", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "usage: relmt-report" in proc.stdout and "--refs" in proc.stdout
 
 

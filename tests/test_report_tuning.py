@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from relmt.report.cli import main
+from relmt.cli.report import main
 
 
 def fake_run(root, name: str, dropout: float, curve: list[tuple[int, float]], final: float) -> None:

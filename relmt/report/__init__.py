@@ -1,2 +1,2 @@
 """relmt-report, read in this order: runs -> aggregate -> paper -> tables, curves -> significance -> verdicts ->
-claims -> controls, repeats -> build -> markdown, plots, length -> cli (`relmt-report`)."""
+claims -> controls, repeats -> build -> markdown, plots, length; the command is relmt/cli/report.py."""

@@ -1,17 +1,17 @@
-"""Seeds into one figure: mean ± sample standard deviation (n), the keys the tables use, and the markdown cells."""
+"""Seeds into one figure, mean ± sample standard deviation (n); the stats keys the tables use; markdown cells."""
 
 import math
-from collections import Counter
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from relmt.report.runs import METRICS, Run
 
-PAPER_K = 16  # the paper's default clipping distance (base model)
 # A split's stats key: sacreBLEU under the split's name, the other metrics prefixed ("tok:test", "chrf:valid").
 PREFIX = {"bleu": "", "tokenized_bleu": "tok:", "chrf": "chrf:", "lowercased_bleu": "lc:"}
+DASH = "–"
+PAIR_HEADER = ["seed", "baseline BLEU", "system BLEU", "system − baseline", "95% interval", "p"]
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,6 @@ def key(split: str, metric: str = "bleu") -> str:
     return PREFIX[metric] + split
 
 
-def tok(split: str) -> str:
-    return key(split, "tokenized_bleu")
-
-
 def bleu_stats(runs: list[Run], splits: list[str]) -> dict[str, Stat | None]:
     """Every metric of the final validation and of each test split over `runs`, by `key`."""
     return {key(s, m): aggregate(r.score(s, m) for r in runs) for m in METRICS for s in ("valid", *splits)}
@@ -48,27 +44,6 @@ def ordered_union(lists: Iterable[Iterable[str]]) -> list[str]:
 
 def seeds_of(runs: Iterable[Run]) -> list[int]:
     return sorted({r.seed for r in runs if r.seed is not None})
-
-
-def default_k(runs: list[Run]) -> int | None:
-    """The most common k among rel runs with a^K and a^V on (of both runs if there is none); ties (a k
-    sweep with as many seeds per k as the shared rel run) go to the k most used by both, then to the
-    paper's 16, then to the smallest k."""
-    rel, both = (Counter(r.k for r in runs if r.positions == p and r.full_rel) for p in ("rel", "both"))
-    counts = rel or both
-    return max(counts, key=lambda k: (counts[k], both[k], k == PAPER_K, -k)) if counts else None
-
-
-Rows = list[tuple[Hashable, list[Run], dict[str, Stat | None]]]
-
-
-def grouped_rows(runs: list[Run], by: Callable[[Run], Hashable], order: Iterable[Hashable], splits: list[str]) -> Rows:
-    """(key value, its runs, their stats) for each key value in `order` that has runs."""
-    rows = [(value, [r for r in runs if by(r) == value]) for value in order]
-    return [(value, members, bleu_stats(members, splits)) for value, members in rows if members]
-
-DASH = "–"
-PAIR_HEADER = ["seed", "baseline BLEU", "system BLEU", "system − baseline", "95% interval", "p"]
 
 
 def fmt(stat: Stat | float | None) -> str:

@@ -5,11 +5,10 @@ from pathlib import Path
 
 from relmt.report.claims import check_claims
 from relmt.report.controls import Setting, controls_table, split_variants, stages_table
-from relmt.report.paper import PaperNumbers
+from relmt.report.length import analyse_length
 from relmt.report.runs import ReportError, Run, find_run_dirs, read_runs
 from relmt.report.significance import compare_group
 from relmt.report.tables import Group, analyse_tables, learning_curves, positions_runs
-from relmt.report.verdicts import NOT_TESTED
 
 
 @dataclass
@@ -22,7 +21,7 @@ class Report:
     groups: list[Group]
     refs: dict[str | None, Path] = field(default_factory=dict)  # --refs: data set (None: any) -> folder
     n_samples: int = 1000
-    extra: dict = field(default_factory=dict)  # what a report kind adds (the length report's cutoffs)
+    extra: dict = field(default_factory=dict)  # what a report kind adds (the length report's LengthGroups)
     warnings: list[str] = field(default_factory=list)  # runs averaged as seeds whose settings differ
 
 
@@ -35,18 +34,6 @@ def group_runs(runs: list[Run]) -> list[Group]:
         standard, variants = split_variants(members)
         groups.append(Group(k[0], k[2], standard, variants=variants) if standard else Group(k[0], k[2], members))
     return groups
-
-
-def parse_refs(values: list[str]) -> dict[str | None, Path]:
-    """--refs values: "DIR" (key None: every data set) or "DATA=DIR" (one data set; DATA has no "/")."""
-    out: dict[str | None, Path] = {}
-    for value in values:
-        data, sep, folder = value.partition("=")
-        data, folder = (data, folder) if sep and "/" not in data else (None, value)
-        if not Path(folder).is_dir():
-            raise ReportError(f"--refs {value}: {folder} is not a directory")
-        out[data] = Path(folder)
-    return out
 
 
 def analyse(group: Group, refs: dict[str | None, Path], n_samples: int) -> Group:
@@ -72,25 +59,22 @@ def check_seeds(runs: list[Run]) -> tuple[list[Run], list[tuple[Path, str]], lis
     for members in cells.values():
         first: dict[tuple, Run] = {}
         for r in members:
-            if (twin := first.get((r.seed, r.settings))) is not None:
+            if (twin := first.setdefault((r.seed, r.settings), r)) is not r:
                 duplicates.append((r.path, f"a duplicate of {twin.path}: seed {r.seed}, the same settings"))
-            else:
-                first[(r.seed, r.settings)] = r
-                kept.append(r)
-        distinct = list(dict.fromkeys(r.settings for r in first.values()))
-        if len(distinct) > 1:
-            values = [dict(s) for s in distinct]
+        if len(values := [dict(s) for s in dict.fromkeys(r.settings for r in first.values())]) > 1:
             differ = sorted(k for k in set().union(*values) if len({v.get(k) for v in values}) > 1)
             listed = "; ".join(f"{k}: " + ", ".join(sorted({str(v.get(k, '–')) for v in values})) for k in differ)
             names = ", ".join(f"`{r.path}`" for r in first.values())
             warnings.append(f"{names} are averaged as seeds of one configuration but differ in {listed}")
+        kept += first.values()
     order = {r.path: i for i, r in enumerate(runs)}
     return sorted(kept, key=lambda r: order[r.path]), duplicates, warnings
 
 
-def load(sources: list[str]) -> tuple[list[Run], list[tuple[Path, str]], list[str]]:
-    """The completed runs under `sources` (duplicates left out), the directories skipped and why, and the
-    warnings of `check_seeds`; ReportError if there is no run."""
+def build_report(sources: list[str], title: str, command: str | None, refs: dict[str | None, Path] | None = None,
+                 n_samples: int = 1000, cutoffs: dict[str | None, int] | None = None) -> Report:
+    """The completed runs under `sources` (duplicates left out, the skipped named), grouped and analysed: the
+    paper's tables, or with `cutoffs` (--train-max-words) the length report. ReportError if there is no run."""
     if not (dirs := find_run_dirs(sources)):
         raise ReportError(f"no run directories (with metrics.json and config.yaml) found in {', '.join(sources)}")
     runs, skipped = read_runs(dirs)
@@ -98,17 +82,9 @@ def load(sources: list[str]) -> tuple[list[Run], list[tuple[Path, str]], list[st
         listed = "; ".join(f"{p} ({why})" for p, why in skipped)
         raise ReportError(f"none of the {len(dirs)} run directories is a completed run: {listed}")
     runs, duplicates, warnings = check_seeds(runs)
-    return runs, skipped + duplicates, warnings
-
-
-def build_report(sources: list[str], title: str, command: str | None, refs: dict[str | None, Path] | None = None,
-                 n_samples: int = 1000) -> Report:
-    refs = refs or {}
-    runs, skipped, warnings = load(sources)
-    return Report(title, command, list(sources), runs, skipped, [analyse(g, refs, n_samples) for g in group_runs(runs)],
-                  refs, n_samples, warnings=warnings)
-
-
-def paper_experiment(report: Report) -> bool:
-    """Whether the paper's columns, claims and rules apply: runs on one of its data sets, or a claim with a test."""
-    return any(g.numbers == PaperNumbers.same or any(c.verdict != NOT_TESTED for c in g.claims) for g in report.groups)
+    refs, groups = refs or {}, group_runs(runs)
+    if cutoffs is None:
+        groups, extra = [analyse(g, refs, n_samples) for g in groups], {}
+    else:
+        extra = {"length": [analyse_length(g, refs, n_samples, cutoffs) for g in groups]}
+    return Report(title, command, list(sources), runs, skipped + duplicates, groups, refs, n_samples, extra, warnings)

@@ -34,17 +34,14 @@ def mean_of(table: dict | None, split: str, **match: Any) -> float | None:
     return row["bleu"][split].mean if row and row["bleu"].get(split) else None
 
 
-def describe(c: Comparison) -> str:
-    pairs = ", ".join(f"seed {t.seed} {t.difference:+.2f} [{t.low:+.2f}, {t.high:+.2f}] p = {t.p_value:.3f}"
-                      for t in c.tests)
-    return f"{c.system} − {c.baseline} per seed pair with its 95% interval: {pairs}"
-
-
 def judged(name: str, table: str, split: str | None, measured: dict[str, float], criterion: str,
            tests: list[tuple[Comparison | None, Rule]], note: str | None) -> Claim:
-    """The claim with its verdict: each comparison judged by its rule, then combined."""
+    """The claim with its verdict: each comparison judged by its rule, then combined; its seed pairs in words."""
+    pairs = [f"{c.system} − {c.baseline} per seed pair with its 95% interval: " + ", ".join(
+        f"seed {t.seed} {t.difference:+.2f} [{t.low:+.2f}, {t.high:+.2f}] p = {t.p_value:.3f}" for t in c.tests)
+        for c, _ in tests if c and c.tests]
     return Claim(name, table, criterion, measured, combine([verdict(c.tests if c else [], r) for c, r in tests]),
-                 split, "; ".join(describe(c) for c, _ in tests if c and c.tests) or None, note)
+                 split, "; ".join(pairs) or None, note)
 
 
 def check(group: Group, split: str, name: str, table: str, rows: dict[str, float | None], criterion: str,
@@ -126,12 +123,9 @@ def beyond(group: Group, split: str) -> list[Claim | None]:
 
 def check_claims(group: Group) -> list[Claim]:
     """Every claim the group's tables allow, each on every test set in turn, then the long-sentence claim."""
-    claims = []
-    for table in (table1, table2, table3):  # each claim on every test set, then the next claim
-        per_split = [table(group, split) for split in group.claim_splits]
-        claims += [row[i] for i in range(2) for row in per_split]
-    per_split = [beyond(group, split) for split in group.claim_splits]
-    claims += [row[i] for i in range(2 * len(paper.BEYOND)) for row in per_split]
+    splits, claims = [s for s in group.splits if s != LENGTH_SPLIT], []  # the long-sentence split: a claim of its own
+    for table in (table1, table2, table3, beyond):  # each claim on every test set, then the next claim
+        claims += [claim for per_split in zip(*(table(group, split) for split in splits)) for claim in per_split]
     if LENGTH_SPLIT in group.splits:
         claims.append(ahead(group, LENGTH_SPLIT, "rel beats abs on longer sentences than seen in training",
                             "Table 1, test_long", None))

@@ -84,7 +84,7 @@ def controls_table(runs: list[Run], variants: list[Run], splits: list[str], k_de
         controls = [{"label": names[other], "differs_in": differs[0], "seeds": seeds_of(control_runs),
                      "bleu": bleu_stats(control_runs, splits),
                      "tests": [test_pairs(Comparison(names[other], names[setting], split), by_seed(control_runs),
-                                          by_seed(members), split_texts(refs, split), n_samples)
+                                          by_seed(members), split_texts(refs, [split]), n_samples)
                                for split in (splits if refs is not None else [])]}
                     for other, control_runs in every.items() if len(differs := setting.differs_in(other)) == 1]
         rows.append({"label": names[setting], "setting": setting, "seeds": seeds_of(members),

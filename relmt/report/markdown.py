@@ -1,8 +1,5 @@
-"""The reports as markdown. The paper's tables: the header, one section per group, the claims, the plots. A row per
-run: a user's own runs at a glance (runs_markdown); the tuning report, on the validation split only (test sets play no
-part in tuning): the settings in which the runs' config.yaml differ, valid sacreBLEU at every validation and at the
-end, chrF, lowercased tokenized BLEU, and the averaged last checkpoints' sacreBLEU
-(scripts/reproduce/score_averaged.sh)."""
+"""The reports as markdown: the paper's tables (a section per group, the claims, the plots), a row per run for a
+user's own runs (runs_markdown), and the tuning report on the validation split only (tuning_markdown)."""
 
 import json
 from collections import Counter
@@ -12,13 +9,14 @@ import yaml
 
 from relmt.host import host
 from relmt.report import paper
-from relmt.report.aggregate import DASH, PAIR_HEADER, aggregate, fmt, key, md_table, pair_cells, plural, seeds_of, tok
+from relmt.report.aggregate import DASH, PAIR_HEADER, aggregate, fmt, key, md_table, pair_cells, plural, seeds_of
 from relmt.report.build import Report
 from relmt.report.claims import Claim
 from relmt.report.controls import md_controls, md_stages
+from relmt.report.length import LengthGroup
 from relmt.report.repeats import md_repeats, repeats_table
 from relmt.report.runs import ReportError, Run, find_run_dirs, flatten, read_runs
-from relmt.report.tables import TOKENIZED, Group, best, k_sweep, positions_runs, sampled
+from relmt.report.tables import TOKENIZED, Group, k_sweep, positions_runs, sampled
 from relmt.report.verdicts import RULES
 
 # The metric blocks of a table for a data set the paper has no numbers for (PaperNumbers.differences).
@@ -51,10 +49,8 @@ def md_intro(report: Report) -> str:
     if duplicates:
         listed = "; ".join(f"`{p}` ({why})" for p, why in duplicates)
         text += f" Left out {plural(len(duplicates), 'duplicate run')}: {listed}."
-    if report.warnings:
-        text += "\n\n" + "\n".join(f"**Warning:** {w}." for w in report.warnings)
-    if report.command:
-        text += f"\n\nThe runs were produced by: `{report.command}`"
+    text += "\n\n" + "\n".join(f"**Warning:** {w}." for w in report.warnings) if report.warnings else ""
+    text += f"\n\nThe runs were produced by: `{report.command}`" if report.command else ""
     hw = host()
     return text + (f"\n\nThis report: {hw['date']}, on {hw['cpu']} ({hw['cpu_count']} cores), torch {hw['torch']}, "
                    f"git {hw['git']}.")
@@ -66,10 +62,8 @@ def md_signatures(group: Group) -> str | None:
     parts = []
     for metric, label in SIGNATURE_NAMES.items():
         counts = Counter(sig for r in [*group.runs, *group.variants] for sig in r.signatures.get(metric, ()))
-        if len(counts) == 1:
-            parts.append(f"{label} `{next(iter(counts))}`")
-        elif counts:
-            parts.append(f"{label} " + ", ".join(f"`{sig}` ({plural(n, 'run')})" for sig, n in counts.most_common()))
+        shown = [f"`{sig}`" + (f" ({plural(n, 'run')})" if len(counts) > 1 else "") for sig, n in counts.most_common()]
+        parts += [f"{label} " + ", ".join(shown)] if shown else []
     return "Signatures: " + "; ".join(parts) + "." if parts else None
 
 
@@ -120,8 +114,8 @@ def md_any(group: Group, table: dict, first: list[str], cells) -> str:
     if table["paper_label"] is not None:
         beside = table["beside_paper"]["split"]
         header = [*first, *(f"{c} sacreBLEU" for c in columns), f"{beside} {TOKENIZED}", table["paper_label"]]
-        rows = [[*cells(r), *(fmt(r["bleu"][c]) for c in columns), fmt(r["bleu"].get(tok(beside))), fmt(r["paper"])]
-                for r in table["rows"]]
+        rows = [[*cells(r), *(fmt(r["bleu"][c]) for c in columns), fmt(r["bleu"].get(key(beside, "tokenized_bleu"))),
+                 fmt(r["paper"])] for r in table["rows"]]
         return f"{md_table(header, rows)}\n\n{md_notes(group, table)}"
     parts = []
     for metric, short, label in BLOCKS:
@@ -204,7 +198,9 @@ def md_curves(group: Group, name: str) -> str | None:
     if (curves := group.curves) is None:
         return None
     rows = [[str(r["step"]), *(fmt(r["bleu"][c]) for c in curves["columns"])] for r in sampled(curves["rows"])]
-    peaks = "; ".join(f"{c} {b[1].mean:.2f} at update {b[0]}" for c in curves["columns"] if (b := best(curves, c)))
+    best = {c: max(((r["step"], r["bleu"][c]) for r in curves["rows"] if r["bleu"].get(c)), default=None,
+                   key=lambda cell: cell[1].mean) for c in curves["columns"]}  # the highest mean, and its update
+    peaks = "; ".join(f"{c} {b[1].mean:.2f} at update {b[0]}" for c, b in best.items() if b)
     return ("### Learning curves: validation sacreBLEU against updates\n\n"
             f"The runs of the positions comparison, mean ± std (n seeds) at {len(rows)} of the "
             f"{len(curves['rows'])} validations (`{name}_curves.png` plots them all). Highest mean: {peaks}.\n\n"
@@ -293,6 +289,47 @@ def markdown(report: Report, name: str) -> str:
     parts = [f"# {report.title}", md_intro(report), *(md_group(g, report, name) for g in report.groups),
              md_claims(report.groups), "## Plots", k_plot, f"![BLEU by source length]({name}_length.png)",
              f"![Validation BLEU against updates]({name}_curves.png)"]
+    return "\n\n".join(parts) + "\n"
+
+
+def md_item(item: LengthGroup, report: Report) -> str:
+    g, table, seen = item.group, item.table, item.max_words is not None
+    head = f"## {g.data}, {g.model} model (trained on sources of at most {item.max_words or DASH} words: {item.source})"
+    if table is None:
+        return f"{head}\n\nNo run of the positions comparison has BLEU by source length."
+    diff = "rel" in table["columns"] and "abs" in table["columns"]
+    rows = [[r["bucket"], DASH.join(map(str, r["sentences"])),
+             *([{"no": "**no**"}.get(r.get("seen_in_training"), r.get("seen_in_training") or DASH)] if seen else []),
+             *(fmt(r["bleu"][c]) for c in table["columns"]),
+             *([f"{rel.mean - a.mean:+.2f}" if (rel := r["bleu"].get("rel")) and (a := r["bleu"].get("abs")) else DASH]
+               if diff else [])] for r in table["rows"]]
+    header = ["source words", "sentences", *(["seen in training"] if seen else []), *table["columns"],
+              *(["rel − abs"] if diff else [])]
+    k = f"; rel and both at k = {g.k_default}" if g.k_default is not None else ""
+    parts = [f"{head}\n\n{plural(len(g.runs), 'run')}, seeds {', '.join(map(str, table['seeds'])) or DASH}; sacreBLEU "
+             f"per source-length bucket over {' + '.join(table['splits']) or 'the test splits'} pooled, mean ± std "
+             f"(n seeds){k}. \"seen in training\": **no** for a bucket whose shortest source is longer than any "
+             "training source, partly when the cutoff falls inside it.\n\n" + md_table(header, rows), md_signatures(g)]
+    if tested := item.significance:
+        missing = [f"{c.system} vs {c.baseline}: {why}" for c in tested for why in c.missing]
+        parts.append(f"Paired bootstrap on the {next((c.sentences for c in tested if c.sentences), 0)} test sentences "
+                     f"longer than training, seed by seed ({report.n_samples} resamples, sacreBLEU; 95% interval of "
+                     "system − baseline, two-sided p; p < 0.05 counts as significant):\n\n"
+                     + md_table(["comparison", *PAIR_HEADER], [[f"{c.system} vs {c.baseline}", *pair_cells(t)]
+                                                               for c in tested for t in c.tests]))
+        parts.append("Not tested: " + "; ".join(missing) + "." if missing else None)
+    elif g.refs is None and seen:
+        parts.append(f"No paired test: {no_refs(report, g)}.")
+    return "\n\n".join(p for p in parts if p)
+
+
+def length_markdown(report: Report, name: str) -> str:
+    items: list[LengthGroup] = report.extra["length"]
+    claims = [md_claim(c) for i in items for c in i.claims]
+    parts = [f"# {report.title}", md_intro(report), *(md_item(i, report) for i in items), "## Claims",
+             "\n".join(claims) or "- No claim could be checked: no bucket is known to be longer than training, "
+                                  "or abs or rel is missing.", RULES,
+             "## Plot", f"![BLEU by source length]({name}_buckets.png)"]
     return "\n\n".join(parts) + "\n"
 
 

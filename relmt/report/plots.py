@@ -7,7 +7,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from relmt.report import paper
-from relmt.report.aggregate import Stat, plural, tok
+from relmt.report.aggregate import Stat, key, plural
 from relmt.report.tables import TOKENIZED, Group
 
 
@@ -34,14 +34,14 @@ def plot_k(groups: list[Group], path: Path) -> None:
     for group in groups:
         if (table := group.tables["k"]) is None:
             continue
-        key, label = tok("valid"), f"valid {TOKENIZED}"
-        if table["paper_label"] is None or not any(r["bleu"].get(key) for r in table["rows"]):
+        column, label = key("valid", "tokenized_bleu"), f"valid {TOKENIZED}"
+        if table["paper_label"] is None or not any(r["bleu"].get(column) for r in table["rows"]):
             if group.main_split is None:
                 continue
-            key, label = group.main_split, f"{group.main_split} sacreBLEU"
+            column, label = group.main_split, f"{group.main_split} sacreBLEU"
         with_paper |= table["paper_label"] is not None
         ks.update(xs := [r["k"] for r in table["rows"]])
-        means, stds = mean_std([r["bleu"].get(key) for r in table["rows"]])
+        means, stds = mean_std([r["bleu"].get(column) for r in table["rows"]])
         ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=f"{group.name}: {label}")
     if not ks:
         no_data(ax, "no k sweep in these runs")

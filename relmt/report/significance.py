@@ -1,6 +1,6 @@
-"""Paired bootstrap tests between configurations (relmt.evaluate.metrics), seed s of the baseline against
-seed s of the system: translations/<split>.<tgt> of each run against <split>.<tgt> of the --refs folder.
-Seeds are paired, not pooled: each pair's test sees one seed's training noise, and the verdicts count pairs."""
+"""Paired bootstrap tests (relmt.evaluate.metrics), seed s of the baseline against seed s of the system: each run's
+translations/<split>.<tgt> against <split>.<tgt> of the --refs folder. Seeds are paired, not pooled: each pair's
+test sees one seed's training noise, and the verdicts count pairs."""
 
 import functools
 from collections.abc import Callable
@@ -17,6 +17,8 @@ from relmt.report.tables import Group, positions_runs
 ALPHA = 0.05  # a seed pair is significant when p < ALPHA, i.e. its 95% interval excludes 0
 SEED = 12345  # the resampling seed, fixed so that a report is reproducible
 Texts = Callable[[Run], tuple[list[str], list[str]]]
+# later methods (issue 31) against abs and against Shaw's rel: (baseline, system)
+BEYOND_PAIRS = [(baseline, method) for method in BEYOND for baseline in ("abs", "rel")]
 
 
 @dataclass(frozen=True)
@@ -97,16 +99,19 @@ def test_pairs(comparison: Comparison, base: dict[int, Run], system: dict[int, R
     return comparison
 
 
-def split_texts(refs: Path, split: str) -> Texts:
-    """A run's translations of `split` and the reference file for it."""
+def split_texts(refs: Path, splits: list[str]) -> Texts:
+    """A run's translations of `splits`, pooled in order, and the reference files for them."""
 
     def texts(run: Run) -> tuple[list[str], list[str]]:
-        hyps, ref = run.translations(split), reference_file(refs, run, split)
-        if hyps is None or not hyps.is_file():
-            raise OSError(f"no translations {hyps or 'file (data.tgt unknown)'}")
-        if ref is None:
-            raise OSError(f"no reference file {split}.{run.tgt} in {refs}")
-        return list(lines(hyps)), list(lines(ref))
+        hyps, ref_lines = [], []
+        for split in splits:
+            path, ref = run.translations(split), reference_file(refs, run, split)
+            if path is None or not path.is_file():
+                raise OSError(f"no translations {path or 'file (data.tgt unknown)'}")
+            if ref is None:
+                raise OSError(f"no reference file {split}.{run.tgt} in {refs}")
+            hyps, ref_lines = hyps + list(lines(path)), ref_lines + list(lines(ref))
+        return hyps, ref_lines
 
     return texts
 
@@ -114,10 +119,10 @@ def split_texts(refs: Path, split: str) -> Texts:
 def arms(group: Group) -> list[tuple[str, list[Run], str, list[Run]]]:
     """(baseline, its runs, system, its runs) for each comparison a claim needs: Table 1's rel against abs
     and both against rel, Table 2's default k against k = 0 and each other k against the default, Table
-    3's a^K alone against both tables and both tables against a^V alone."""
+    3's a^K alone against both tables and both tables against a^V alone, and the later methods'."""
     pos, kd = positions_runs(group), group.k_default
     rel = [r for r in group.runs if r.positions == "rel"]
-    at = {p: [r for r in pos if r.positions == p] for p in ("abs", "rel", "both")}
+    at = {p: [r for r in pos if r.positions == p] for p in ("abs", "rel", "both", *BEYOND)}
     out = [(b, at[b], s, at[s]) for b, s in (("abs", "rel"), ("rel", "both"))]
     for k in sorted({row["k"] for row in (group.tables.get("k") or {}).get("rows", [])} - {kd}):
         k_runs = [r for r in rel if r.full_rel and r.k == k]
@@ -125,30 +130,21 @@ def arms(group: Group) -> list[tuple[str, list[Run], str, list[Run]]]:
     kv = [r for r in rel if r.k == kd]
     keys, values = ([r for r in kv if (r.keys, r.values) == flags] for flags in ((True, False), (False, True)))
     out += [("a^K and a^V", at["rel"], "a^K only", keys), ("a^V only", values, "a^K and a^V", at["rel"])]
-    for method in BEYOND:  # rope, alibi, t5 (issue 31): each against abs and against Shaw's rel
-        runs = [r for r in pos if r.positions == method]
-        out += [("abs", at["abs"], method, runs), ("rel", at["rel"], method, runs)]
+    out += [(b, at[b], s, at[s]) for b, s in BEYOND_PAIRS]
     return [arm for arm in out if arm[1] and arm[3]]
 
 
 def compare_group(group: Group, refs: Path, n_samples: int) -> list[Comparison]:
     """Every comparison of `arms` on each test set."""
-    return [test_pairs(Comparison(b, s, split), by_seed(b_runs), by_seed(s_runs), split_texts(refs, split), n_samples)
-            for b, b_runs, s, s_runs in arms(group) for split in group.splits]
+    return [test_pairs(Comparison(b, s, split), by_seed(b_runs), by_seed(s_runs), split_texts(refs, [split]),
+                       n_samples) for b, b_runs, s, s_runs in arms(group) for split in group.splits]
 
 
 def compare_unseen(runs: list[Run], refs: Path, max_words: int, n_samples: int) -> list[Comparison]:
-    """rel against abs and both against rel on the test sentences whose source is longer than `max_words`
-    (the splits of metrics.json's by_source_length pooled, as its buckets are)."""
-    splits = list(dict.fromkeys(s for r in runs for s in r.length_splits))
-
-    def texts(run: Run) -> tuple[list[str], list[str]]:
-        pooled = [split_texts(refs, split)(run) for split in splits]
-        return [h for hyps, _ in pooled for h in hyps], [r for _, refs_ in pooled for r in refs_]
-
-    out = []
-    pairs = [("abs", "rel"), ("rel", "both"), *((b, m) for m in BEYOND for b in ("abs", "rel"))]
-    for baseline, system in pairs:
+    """rel against abs, both against rel and BEYOND_PAIRS on the test sentences whose source is longer than
+    `max_words` (the splits of metrics.json's by_source_length pooled, as its buckets are)."""
+    splits, out = list(dict.fromkeys(s for r in runs for s in r.length_splits)), []
+    for baseline, system in [("abs", "rel"), ("rel", "both"), *BEYOND_PAIRS]:
         base, other = (by_seed([r for r in runs if r.positions == p]) for p in (baseline, system))
         if not base or not other or not splits:
             continue
@@ -166,5 +162,5 @@ def compare_unseen(runs: list[Run], refs: Path, max_words: int, n_samples: int) 
             comparison.missing.append(str(exc))
             continue
         longer = {i for i, src in enumerate(srcs) if len(src.split()) > max_words}
-        test_pairs(comparison, base, other, texts, n_samples, keep=longer.__contains__)
+        test_pairs(comparison, base, other, split_texts(refs, splits), n_samples, keep=longer.__contains__)
     return out

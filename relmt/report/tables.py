@@ -2,16 +2,19 @@
 Stats per metric and split (aggregate.key), the paper's numbers where they apply, and the checkpoint rules."""
 
 from collections import Counter
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from relmt.report import paper
-from relmt.report.aggregate import Rows, Stat, aggregate, default_k, grouped_rows, ordered_union, seeds_of
+from relmt.report.aggregate import Stat, aggregate, bleu_stats, ordered_union, seeds_of
 from relmt.report.paper import PaperNumbers
 from relmt.report.runs import Run
 
 TOKENIZED = "tokenized BLEU"
 LENGTH_SPLIT = "test_long"  # the toy corpus's split of sentences longer than any in training
+PAPER_K = 16  # the paper's default clipping distance (base model)
+Rows = list[tuple[Hashable, list[Run], dict[str, Stat | None]]]
 
 
 @dataclass
@@ -47,9 +50,14 @@ class Group:
     def main_split(self) -> str | None:
         return self.splits[0] if self.splits else None
 
-    @property
-    def claim_splits(self) -> list[str]:
-        return [s for s in self.splits if s != LENGTH_SPLIT]  # the long-sentence split has a claim of its own
+
+def default_k(runs: list[Run]) -> int | None:
+    """The most common k among rel runs with a^K and a^V on (of both runs if there is none); ties (a k
+    sweep with as many seeds per k as the shared rel run) go to the k most used by both, then to the
+    paper's 16, then to the smallest k."""
+    rel, both = (Counter(r.k for r in runs if r.positions == p and r.full_rel) for p in ("rel", "both"))
+    counts = rel or both
+    return max(counts, key=lambda k: (counts[k], both[k], k == PAPER_K, -k)) if counts else None
 
 
 def positions_runs(group: Group) -> list[Run]:
@@ -57,34 +65,34 @@ def positions_runs(group: Group) -> list[Run]:
     return [r for r in group.runs if r.positions in paper.TABLELESS or (r.full_rel and r.k == group.k_default)]
 
 
-def table_notes(group: Group, runs: list[Run], beside: str, table: str) -> dict:
-    """The metric beside the paper's column (tokenized BLEU of split `beside`) and the checkpoint rule of
-    each kind of column, flagging mixed rules and a rule other than the paper's (Tables 2 and 3 are base
-    tables; Table 1 follows the model size)."""
-    has_tok = [r for r in runs if r.score(beside, "tokenized_bleu") is not None]
-    test_rules = dict(sorted(Counter(r.test_rule for r in runs if r.test).items()))
-    used = set(test_rules) | ({paper.VALID_RULE} if any(r.score("valid") is not None for r in runs) else set())
-    beside_rules = {paper.VALID_RULE} if beside == "valid" else {r.test_rule for r in has_tok or runs}
-    rule = paper.RULE["base"] if table != "positions" else paper.RULE.get(group.model, paper.RULE["base"])
-    side = {"split": beside, "metric": TOKENIZED, "scored": sum(r.score(beside) is not None for r in runs),
-            "with_metric": len(has_tok), "labels": ordered_union([r.tok_label] for r in runs if r.tok_label)}
-    return {"beside_paper": side,
-            "lowercased_labels": ordered_union([r.lc_label] for r in runs if r.lc_label),
-            "checkpoints": {"valid": paper.VALID_RULE, "test": test_rules, "paper": rule,
-                            "beside_paper": sorted(beside_rules), "used": sorted(used), "mixed": len(used) > 1,
-                            "matches_paper": beside_rules == {rule}}}
+def grouped_rows(runs: list[Run], by: Callable[[Run], Hashable], order: Iterable[Hashable], splits: list[str]) -> Rows:
+    """(key value, its runs, their stats) for each key value in `order` that has runs."""
+    rows = [(value, [r for r in runs if by(r) == value]) for value in order]
+    return [(value, members, bleu_stats(members, splits)) for value, members in rows if members]
 
 
 def make_table(group: Group, rows: Rows, name: str | tuple[str, ...], numbers: dict, label: str | None,
                beside: str, kind: str, **extra: str | None) -> dict:
-    """JSON-able rows (the key under `name`, seeds, stats, the paper's number) and the table's notes; no
-    paper column for data sets the paper has no numbers for."""
+    """JSON-able rows (the key under `name`, seeds, stats, the paper's number; no paper column for a data set the
+    paper has no numbers for), the metric beside the paper's column (tokenized BLEU of split `beside`) and each
+    column's checkpoint rule, flagging mixed rules and one not the paper's (Table 1's follows the model size)."""
     if group.numbers == PaperNumbers.differences:
         label, numbers = None, {}
     out = [{**(dict(zip(name, value)) if isinstance(name, tuple) else {name: value}), "seeds": seeds_of(members),
             "runs": len(members), "bleu": stats, "paper": numbers.get(value)} for value, members, stats in rows]
-    return {"paper_label": label, "rows": out, **extra,
-            **table_notes(group, [r for _, members, _ in rows for r in members], beside, kind)}
+    runs = [r for _, members, _ in rows for r in members]
+    has_tok = [r for r in runs if r.score(beside, "tokenized_bleu") is not None]
+    test_rules = dict(sorted(Counter(r.test_rule for r in runs if r.test).items()))
+    used = set(test_rules) | ({paper.VALID_RULE} if any(r.score("valid") is not None for r in runs) else set())
+    beside_rules = {paper.VALID_RULE} if beside == "valid" else {r.test_rule for r in has_tok or runs}
+    rule = paper.RULE.get(group.model if kind == "positions" else "base", paper.RULE["base"])
+    side = {"split": beside, "metric": TOKENIZED, "scored": sum(r.score(beside) is not None for r in runs),
+            "with_metric": len(has_tok), "labels": ordered_union([r.tok_label] for r in runs if r.tok_label)}
+    return {"paper_label": label, "rows": out, **extra, "beside_paper": side,
+            "lowercased_labels": ordered_union([r.lc_label] for r in runs if r.lc_label),
+            "checkpoints": {"valid": paper.VALID_RULE, "test": test_rules, "paper": rule,
+                            "beside_paper": sorted(beside_rules), "used": sorted(used), "mixed": len(used) > 1,
+                            "matches_paper": beside_rules == {rule}}}
 
 
 def positions_table(group: Group) -> dict | None:
@@ -187,8 +195,3 @@ def sampled(rows: list[dict], n: int = 8) -> list[dict]:
         return rows
     return [rows[i] for i in sorted({round(i * (len(rows) - 1) / (n - 1)) for i in range(n)})]
 
-
-def best(curves: dict, column: str) -> tuple[int, Stat] | None:
-    """The update with the highest mean validation BLEU of `column`, and that Stat."""
-    cells = [(row["step"], row["bleu"][column]) for row in curves["rows"] if row["bleu"].get(column)]
-    return max(cells, key=lambda c: c[1].mean) if cells else None

@@ -47,22 +47,16 @@ def within(low: float, high: float) -> Rule:
     return Rule(lambda t: (low, high))
 
 
-def side(t: PairTest, rule: Rule) -> int:
-    """+1: the pair's interval lies inside the rule's region; -1: outside it; 0: across an edge."""
-    low, high = rule.region(t)
-    if low < t.low and t.high < high:
-        return 1
-    return -1 if t.high < low or t.low > high else 0
-
-
 def verdict(tests: list[PairTest], rule: Rule) -> str:
-    """held / did not hold / rule.undecided by the majority of seed pairs; not tested without any."""
+    """held / did not hold / rule.undecided by the majority of seed pairs, each voting with its interval: inside
+    the rule's region (for), outside it (against) or across an edge (neither); not tested without any pair."""
     if not tests:
         return NOT_TESTED
-    sides = [side(t, rule) for t in tests]
-    if 2 * sides.count(1) > len(tests):
+    regions = [(t, *rule.region(t)) for t in tests]
+    if 2 * sum(low < t.low and t.high < high for t, low, high in regions) > len(tests):
         return HELD
-    return NOT_HELD if 2 * sides.count(-1) > len(tests) else rule.undecided
+    against = sum(t.high < low or t.low > high for t, low, high in regions)
+    return NOT_HELD if 2 * against > len(tests) else rule.undecided
 
 
 def combine(verdicts: list[str]) -> str:

@@ -29,8 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from relmt.cli.report import main as relmt_report
 from relmt.report.aggregate import md_table
-from relmt.report.cli import main as relmt_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
