@@ -13,6 +13,7 @@ length) NAME.md, NAME_buckets.png and NAME.json, the buckets longer than trainin
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -57,6 +58,17 @@ def report_json(report: Report) -> dict:
     return jsonable(doc)
 
 
+STAMP = re.compile(r"^This report: .*$", re.M)  # the date, host and git hash a page was made with
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write a report page, unless the one there differs only in its "This report: <date>, ..., git <hash>"
+    line: a rerun over the same runs then leaves every page as it was (issue 45 §6)."""
+    if path.is_file() and STAMP.sub("", path.read_text()) == STAMP.sub("", text):
+        return
+    path.write_text(text)
+
+
 def write_outputs(report: Report, out: Path, name: str, kind: str) -> str:
     """Write the markdown, the plots and the JSON of `kind` into `out`; return the markdown."""
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +88,7 @@ def write_outputs(report: Report, out: Path, name: str, kind: str) -> str:
         plot_length([(g.name, g.tables["length"], None) for g in report.groups if g.tables["length"]],
                     out / f"{name}_length.png")
         plot_curves(report.groups, out / f"{name}_curves.png")
-    (out / f"{name}.md").write_text(text)
+    write_page(out / f"{name}.md", text)
     (out / f"{name}.json").write_text(json.dumps(report_json(report), indent=2, ensure_ascii=False) + "\n")
     return text
 
@@ -147,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         title = args.title or {"length": "Length generalisation", "tuning": "Tuning"}.get(args.kind, "Results")
         if args.kind == "tuning":
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"{args.name}.md").write_text(text := tuning_markdown(args.run_dirs, title, args.command))
+            write_page(args.out / f"{args.name}.md", text := tuning_markdown(args.run_dirs, title, args.command))
         elif args.kind == "length":
             report = build_report(args.run_dirs, title, args.command, refs, args.bootstrap_samples,
                                   parse_cutoffs(args.train_max_words))
