@@ -13,6 +13,12 @@ the same model and settings as references. Run it alone on the machine.
   after --max-seconds; a client sends its next request when its last is answered.
 - References, in this process before the server starts, on the same threads: the Translator decoding
   the sentences 32 per batch (decode.max_sentences=32, relmt-translate's batching), and one at a time.
+- --fixed-length N: every hypothesis exactly N tokens (relmt-serve min_len=N max_len_a=0 max_len_b=N, the
+  references alike), as scripts/peers/bench_peers.sh forces them, so that two models decode the same work
+  whatever they learned.
+- --onmt-model: OpenNMT-py's onmt_server (Flask + waitress, in scripts/peers/install.sh's environment under
+  $SCRATCH/onmt) serves that model after relmt-serve, under the same load and threads: beam 4, GNMT length
+  penalty 0.6, the fixed length alike. scripts/bench/serve_models.py trains both models.
 - Each --batching mode in turn (default both: continuous, the server's default, then batch by batch,
   relmt-serve continuous=false), in the same run.
 - Reported per mode and level: sentences/s, p50/p95/p99 latency, errors; and the issue's ratios, of the
@@ -61,6 +67,12 @@ def load_sentences(opts: argparse.Namespace) -> list[str]:
     return lines
 
 
+def fixed_length(opts: argparse.Namespace) -> dict:
+    """The decode settings that force every hypothesis to --fixed-length tokens (none when 0)."""
+    n = opts.fixed_length
+    return dict(min_len=n, max_len_a=0.0, max_len_b=n) if n else {}
+
+
 def offline(opts: argparse.Namespace, sentences: list[str]) -> dict:
     """Sentences/s of the Translator at 32 sentences per batch, and seconds per sentence one at a time."""
     import torch
@@ -71,15 +83,16 @@ def offline(opts: argparse.Namespace, sentences: list[str]) -> dict:
     tune_cpu()
     torch.set_num_threads(opts.threads)
     translator = Translator.from_checkpoint(opts.checkpoint, engine=opts.engine)
-    translator.translate(sentences[:4])  # warm-up (an engine's first call)
+    fixed = fixed_length(opts)
+    translator.translate(sentences[:4], **fixed)  # warm-up (an engine's first call)
     batch = sentences[:opts.requests]
     start = time.perf_counter()
-    translator.translate(batch, max_sentences=32)
+    translator.translate(batch, max_sentences=32, **fixed)
     batched = len(batch) / (time.perf_counter() - start)
     single, deadline = [], time.monotonic() + opts.max_seconds
     for s in sentences[:opts.single_n]:
         t = time.perf_counter()
-        translator.translate([s])
+        translator.translate([s], **fixed)
         single.append(time.perf_counter() - t)
         if time.monotonic() > deadline:
             break
@@ -96,7 +109,8 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "relmt.serve", f"checkpoint={opts.checkpoint}", f"engine={opts.engine}",
                  "host=127.0.0.1", "port=0", f"queue_size={max(256, 2 * max(opts.clients))}",
-                 f"max_wait_ms={opts.max_wait_ms}", f"continuous={'true' if opts.mode == 'continuous' else 'false'}"],
+                 f"max_wait_ms={opts.max_wait_ms}", f"continuous={'true' if opts.mode == 'continuous' else 'false'}",
+                 *(f"{k}={v}" for k, v in fixed_length(opts).items())],
                 stdout=out, stderr=subprocess.STDOUT, env=env)
         self.url = self.wait(r"listening on (http://127\.0\.0\.1:\d+)")
 
@@ -124,12 +138,85 @@ class ServerProcess:
             return self.proc.wait(10)
 
 
-async def drive(url: str, sentences: list[str], clients: int, requests: int, seconds: float) -> dict:
+class OnmtServer(ServerProcess):
+    """onmt_server in OpenNMT-py's own environment, through scripts/peers/ftz.py (the threads and flush-to-zero
+    that bench_peers.sh gives every toolkit), serving --onmt-model on 127.0.0.1."""
+
+    PATH, ID = "/translate", 100
+
+    def __init__(self, opts: argparse.Namespace, log: Path) -> None:
+        import socket
+
+        model = opts.onmt_model.resolve()
+        decode = {"gpu": -1, "beam_size": 4, "length_penalty": "wu", "alpha": 0.6, "batch_size": 64}
+        if opts.fixed_length:  # max_length_ratio 0 lifts OpenNMT-py's cap of 1.25 x the source + 5
+            decode.update(min_length=opts.fixed_length, max_length=opts.fixed_length, max_length_ratio=0)
+        conf = log.with_suffix(".conf.json")
+        conf.write_text(json.dumps({"models_root": str(model.parent), "models": [
+            {"id": self.ID, "model": model.name, "timeout": -1, "on_timeout": "to_cpu", "load": True, "opt": decode}]}))
+        with socket.socket() as sock:  # a free port (onmt_server cannot pick one and say it)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [opts.onmt_python, ROOT / "scripts/peers/ftz.py", "--threads", str(opts.threads),
+                 "onmt.bin.server:main", "--ip", "127.0.0.1", "--port", str(port), "--url_root", "/translator",
+                 "--model_config", conf],
+                stdout=out, stderr=subprocess.STDOUT,  # OpenNMT-py 3.5 checkpoints hold an argparse.Namespace
+                env={**os.environ, "OMP_NUM_THREADS": str(opts.threads), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+        self.url = f"http://127.0.0.1:{port}/translator"
+        self.wait_health()
+
+    def wait_health(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"onmt_server exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"onmt_server not up in 300 s:\n{self.log.read_text()[-3000:]}")
+
+    @classmethod
+    def body(cls, sentence: str) -> list:
+        return [{"src": sentence, "id": cls.ID}]
+
+    @staticmethod
+    def ok(response) -> bool:  # onmt_server answers its errors with 200 and {"error": ...}
+        return response.status_code == 200 and isinstance(response.json(), list)
+
+    @staticmethod
+    def words(response) -> int:
+        return len(response.json()[0][0]["tgt"].split())
+
+
+def relmt_body(sentence: str) -> dict:
+    return {"text": sentence}
+
+
+def relmt_ok(response) -> bool:
+    return response.status_code == 200
+
+
+def relmt_words(response) -> int:
+    return len(response.json()["translations"][0].split())
+
+
+async def drive(url: str, sentences: list[str], clients: int, requests: int, seconds: float,
+                path: str = "/v1/translate", body=relmt_body, ok=relmt_ok, words=relmt_words) -> dict:
     """`clients` concurrent clients, each one request (one sentence) at a time, until `requests` have
-    been sent or `seconds` have passed."""
+    been sent or `seconds` have passed; `body(sentence)` is the JSON posted to url + path, `ok(response)`
+    whether it was answered, `words(response)` the words of its translation."""
     import httpx
 
     latencies: list[float] = []
+    lengths: list[int] = []
     errors: dict[str, int] = {}
     sent = 0
     deadline = time.monotonic() + seconds
@@ -141,28 +228,33 @@ async def drive(url: str, sentences: list[str], clients: int, requests: int, sec
             sent += 1
             t = time.perf_counter()
             try:
-                r = await http.post("/v1/translate", json={"text": sentence})
-                key = None if r.status_code == 200 else str(r.status_code)
+                r = await http.post(url + path, json=body(sentence))
+                key = None if ok(r) else str(r.status_code)
             except httpx.HTTPError as e:
                 key = type(e).__name__
             if key is None:
                 latencies.append(time.perf_counter() - t)
+                lengths.append(words(r))
             else:
                 errors[key] = errors.get(key, 0) + 1
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - start
     return {"clients": clients, "requests": sent, "ok": len(latencies), "errors": errors,
             "sent_per_s": len(latencies) / wall, "p50_s": percentile(latencies, 50),
-            "p95_s": percentile(latencies, 95), "p99_s": percentile(latencies, 99), "seconds": wall}
+            "p95_s": percentile(latencies, 95), "p99_s": percentile(latencies, 99), "seconds": wall,
+            "mean_words": statistics.fmean(lengths) if lengths else 0.0}
 
 
-def goals(levels: dict[int, dict], ref: dict) -> list[tuple[str, str, str]]:
+def goals(levels: dict[int, dict], ref: dict, onmt: dict[int, dict] | None = None) -> list[tuple[str, str, str]]:
     """(goal, target, measured) for the issue's goals that this run measures."""
     rows = []
+    if onmt and 32 in onmt and 32 in levels:
+        rows.append(("relmt-serve ÷ onmt_server, sentences/s at 32 clients", "≥ 3",
+                     f"{levels[32]['sent_per_s'] / onmt[32]['sent_per_s']:.2f}"))
     if 32 in levels:
         rows.append(("32 clients sentences/s ÷ offline at 32 per batch", "≥ 0.8",
                      f"{levels[32]['sent_per_s'] / ref['batch32_sent_per_s']:.2f}"))
@@ -181,13 +273,19 @@ def markdown(payload: dict) -> str:
     lines = [f"# relmt-serve under load ({payload['engine']}, {payload['threads']} threads)", "",
              f"{payload['sentences']} sentences from `{payload['src']}`; checkpoint `{payload['checkpoint']}`; "
              f"{', '.join(f'{k} {v}' for k, v in payload['host'].items())}.", "",
-             f"Command: `{payload['command']}`", "",
-             "| batching | clients | requests | sentences/s | p50 ms | p95 ms | p99 ms | errors |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"Command: `{payload['command']}`", ""]
+    if payload.get("fixed_length"):
+        lines += [f"Every hypothesis forced to {payload['fixed_length']} tokens (bench_peers.sh's rule), in "
+                  "relmt-serve, the references" + (" and onmt_server" if payload.get("onmt_model") else "") + ".", ""]
+    if payload.get("onmt_model"):
+        lines += [f"onmt_server (OpenNMT-py 3.5.1) serves `{payload['onmt_model']}` under the same load, threads and "
+                  "decoding settings (beam 4, GNMT length penalty 0.6).", ""]
+    lines += ["| batching | clients | requests | sentences/s | p50 ms | p95 ms | p99 ms | errors | words/output |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in payload["levels"]:
         lines.append(f"| {row['batching']} | {row['clients']} | {row['requests']} | {row['sent_per_s']:.1f} | "
                      f"{row['p50_s'] * 1e3:.1f} | {row['p95_s'] * 1e3:.1f} | {row['p99_s'] * 1e3:.1f} | "
-                     f"{sum(row['errors'].values())} |")
+                     f"{sum(row['errors'].values())} | {row.get('mean_words', 0):.1f} |")
     lines += ["", f"Offline (the Translator in-process): {ref['batch32_sent_per_s']:.1f} sentences/s at 32 per "
               f"batch; {ref['single_p50_s'] * 1e3:.1f} ms p50 one at a time ({ref['single_n']} sentences).", "",
               f"Goals, batching {payload['batching'][0]}:", "", "| goal | target | measured |", "|---|---|---|"]
@@ -209,6 +307,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--batching", nargs="+", choices=["continuous", "batch"], default=["continuous", "batch"])
+    parser.add_argument("--fixed-length", type=int, default=0, help="force every hypothesis to N tokens (0: off)")
+    parser.add_argument("--onmt-model", type=Path, default=None, help="an OpenNMT-py checkpoint for onmt_server")
+    parser.add_argument("--onmt-python", type=Path,
+                        default=Path(os.environ.get("SCRATCH", "/tmp/relmt-peers")) / "onmt/bin/python")
     parser.add_argument("--log", type=Path, default=Path("/tmp/relmt-bench-serve.log"))
     parser.add_argument("--json", type=Path, default=ROOT / "docs/results/performance/serve_cpu.json")
     parser.add_argument("--md", type=Path, default=ROOT / "docs/results/performance/serve_cpu.md")
@@ -231,13 +333,26 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             statuses[mode] = server.stop()
     status = max(statuses.values(), key=abs)
+    onmt: dict[int, dict] = {}
+    if opts.onmt_model:
+        peer = OnmtServer(opts, opts.log.with_name(opts.log.stem + "-onmt.log"))
+        try:
+            for clients in opts.clients:
+                onmt[clients] = {"batching": "onmt_server", **asyncio.run(drive(
+                    peer.url, sentences, clients, opts.requests, opts.max_seconds, OnmtServer.PATH, OnmtServer.body,
+                    OnmtServer.ok, OnmtServer.words))}
+                rows.append(onmt[clients])
+                print(json.dumps(onmt[clients]), flush=True)
+        finally:
+            peer.stop()
     from relmt.host import host
 
     given = argv if argv is not None else sys.argv[1:]
     payload = {"command": " ".join(["python scripts/bench/bench_serve.py", *given]),
                "engine": opts.engine, "threads": opts.threads, "checkpoint": str(opts.checkpoint),
                "src": str(opts.src or "peer corpus test.src"), "sentences": len(sentences), "host": host(),
-               "batching": opts.batching, "offline": ref, "levels": rows, "goals": goals(first, ref),
+               "batching": opts.batching, "offline": ref, "levels": rows, "goals": goals(first, ref, onmt),
+               "fixed_length": opts.fixed_length, "onmt_model": str(opts.onmt_model or ""),
                "exit_status": status, "exit_statuses": statuses}
     opts.json.parent.mkdir(parents=True, exist_ok=True)
     opts.json.write_text(json.dumps(payload, indent=2) + "\n")

@@ -1,7 +1,8 @@
 # Sourced by scripts/peers/bench_peers.sh and scripts/peers/quality_peers.sh: `install_peer NAME` puts a peer toolkit into
 # its own virtual environment under $SCRATCH (default /tmp/relmt-peers), from the package registry, once (a
 # stamp file marks a finished install). Versions and quirks:
-# - OpenNMT-py 3.5.1 pins torch<2.3, so it goes in with --no-deps beside torch 2.13.0 and its run-time needs;
+# - OpenNMT-py 3.5.1 pins torch<2.3, so it goes in with --no-deps beside torch 2.13.0 and its run-time needs
+#   (flask and waitress for onmt_server, which scripts/bench/bench_serve.py drives);
 #   CTranslate2 4.8.5 shares its environment (for the converter).
 # - eole 0.6.4 with torch 2.13.0 and aiohttp.
 # - transformers (MarianMTModel) with torch 2.13.0.
@@ -30,7 +31,7 @@ install() {  # name, then pip argument lists separated by ';'
 install_peer() {
     case $1 in
         onmt) install onmt torch==2.13.0 ";" --no-deps OpenNMT-py==3.5.1 ";" ctranslate2==4.8.5 configargparse \
-                  pyyaml sacrebleu 'pyonmttok>=1.37,<2' rapidfuzz six spacy pyahocorasick fasttext-wheel ;;
+                  pyyaml sacrebleu 'pyonmttok>=1.37,<2' rapidfuzz six spacy pyahocorasick fasttext-wheel flask waitress ;;
         eole) install eole eole==0.6.4 torch==2.13.0 aiohttp ;;
         marian) install marian torch==2.13.0 ";" transformers sentencepiece ;;
         *) echo "unknown peer: $1 (onmt, eole or marian)" >&2; exit 2 ;;
