@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from relmt.cli.report import write_page
 
-PAGE = "# toy\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nThis report: {date}, on AMD EPYC (2 cores), torch 2.13.0+cpu, git {git}."
+PAGE = ("# toy\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+        "This report: {date}, on AMD EPYC (2 cores), torch 2.13.0+cpu, git {git}.")
 
 
 def test_a_page_that_differs_only_in_its_stamp_is_left_as_it_was(tmp_path):

@@ -36,15 +36,12 @@ def group_runs(runs: list[Run]) -> list[Group]:
     return groups
 
 
-def analyse(group: Group, refs: dict[str | None, Path], n_samples: int) -> Group:
-    """One group's tables, paired tests (with a reference folder for its data set), curves and claims."""
+def analyse(group: Group) -> Group:
     analyse_tables(group)
-    group.refs = refs.get(group.data, refs.get(None))
-    if group.refs is not None:
-        group.significance = compare_group(group, group.refs, n_samples)
+    group.significance = compare_group(group) if group.refs is not None else []
     group.curves = learning_curves(positions_runs(group))
     group.claims = check_claims(group)
-    group.controls = controls_table(group.runs, group.variants, group.splits, group.k_default, group.refs, n_samples)
+    group.controls = controls_table(group)
     group.stages = stages_table(group.runs + group.variants, group.k_default)
     return group
 
@@ -53,7 +50,7 @@ def check_seeds(runs: list[Run]) -> tuple[list[Run], list[tuple[Path, str]], lis
     """Runs that a table cell would average as seeds (one data set, model, cutoff and Setting), held to every
     setting but the seed (runs.settings): a run with the seed and settings of an earlier one is a duplicate and
     left out (named with it); runs whose other settings differ are kept, with a warning naming them."""
-    kept, duplicates, warnings, cells = [], [], [], {}
+    duplicates, warnings, cells = [], [], {}
     for r in runs:
         cells.setdefault((r.data, r.model, r.d_model, r.train_max_words, Setting.of(r)), []).append(r)
     for members in cells.values():
@@ -66,9 +63,8 @@ def check_seeds(runs: list[Run]) -> tuple[list[Run], list[tuple[Path, str]], lis
             listed = "; ".join(f"{k}: " + ", ".join(sorted({str(v.get(k, '–')) for v in values})) for k in differ)
             names = ", ".join(f"`{r.path}`" for r in first.values())
             warnings.append(f"{names} are averaged as seeds of one configuration but differ in {listed}")
-        kept += first.values()
-    order = {r.path: i for i, r in enumerate(runs)}
-    return sorted(kept, key=lambda r: order[r.path]), duplicates, warnings
+    left_out = {path for path, _ in duplicates}
+    return [r for r in runs if r.path not in left_out], duplicates, warnings
 
 
 def build_report(sources: list[str], title: str, command: str | None, refs: dict[str | None, Path] | None = None,
@@ -83,8 +79,10 @@ def build_report(sources: list[str], title: str, command: str | None, refs: dict
         raise ReportError(f"none of the {len(dirs)} run directories is a completed run: {listed}")
     runs, duplicates, warnings = check_seeds(runs)
     refs, groups = refs or {}, group_runs(runs)
+    for g in groups:  # the reference folder for the group's data set, else the one for all
+        g.refs, g.n_samples = refs.get(g.data, refs.get(None)), n_samples
     if cutoffs is None:
-        groups, extra = [analyse(g, refs, n_samples) for g in groups], {}
+        groups, extra = [analyse(g) for g in groups], {}
     else:
-        extra = {"length": [analyse_length(g, refs, n_samples, cutoffs) for g in groups]}
+        extra = {"length": [analyse_length(g, cutoffs) for g in groups]}
     return Report(title, command, list(sources), runs, skipped + duplicates, groups, refs, n_samples, extra, warnings)

@@ -4,12 +4,12 @@ at the first validation and at the end: whether a short run's ranking survives t
 
 from collections import Counter
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 from relmt.report.aggregate import DASH, Stat, aggregate, bleu_stats, fmt, md_table, plural, seeds_of
 from relmt.report.paper import POSITIONS, TABLELESS
 from relmt.report.runs import Run
 from relmt.report.significance import Comparison, by_seed, split_texts, test_pairs
+from relmt.report.tables import Group
 
 SETTING_NAMES = {"positions": "positions", "k": "k", "keys": "a^K", "values": "a^V", "updates": "updates",
                  "frozen": "frozen parameters"}
@@ -66,27 +66,26 @@ def split_variants(runs: list[Run]) -> tuple[list[Run], list[Run]]:
 
 
 def configurations(runs: list[Run]) -> dict[Setting, list[Run]]:
-    """The runs of each setting, in table order (Setting.order)."""
     out: dict[Setting, list[Run]] = {}
     for run in runs:
         out.setdefault(Setting.of(run), []).append(run)
     return dict(sorted(out.items(), key=lambda item: item[0].order()))
 
 
-def controls_table(runs: list[Run], variants: list[Run], splits: list[str], k_default: int | None,
-                   refs: Path | None, n_samples: int) -> dict | None:
+def controls_table(group: Group) -> dict | None:
     """Each variant configuration with its controls and the paired tests against each; None without variants."""
-    if not variants:
+    if not group.variants:
         return None
-    updates, every, rows = usual_updates(runs + variants), configurations(runs + variants), []
-    names = {setting: setting.label(k_default, updates) for setting in every}
-    for setting, members in configurations(variants).items():
+    splits, refs, every = group.splits, group.refs, group.runs + group.variants
+    updates, configs, rows = usual_updates(every), configurations(every), []
+    names = {setting: setting.label(group.k_default, updates) for setting in configs}
+    for setting, members in configurations(group.variants).items():
         controls = [{"label": names[other], "differs_in": differs[0], "seeds": seeds_of(control_runs),
                      "bleu": bleu_stats(control_runs, splits),
                      "tests": [test_pairs(Comparison(names[other], names[setting], split), by_seed(control_runs),
-                                          by_seed(members), split_texts(refs, [split]), n_samples)
+                                          by_seed(members), split_texts(refs, [split]), group.n_samples)
                                for split in (splits if refs is not None else [])]}
-                    for other, control_runs in every.items() if len(differs := setting.differs_in(other)) == 1]
+                    for other, control_runs in configs.items() if len(differs := setting.differs_in(other)) == 1]
         rows.append({"label": names[setting], "setting": setting, "seeds": seeds_of(members),
                      "bleu": bleu_stats(members, splits), "controls": controls})
     return {"updates": updates, "splits": splits, "rows": rows}

@@ -3,10 +3,9 @@ argument of Shaw et al. 2018 §3.2 for clipping), and on those sentences a verdi
 later method against abs and rel. The cutoff comes from the runs' config or --train-max-words."""
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from relmt.report.aggregate import plural
-from relmt.report.claims import Claim, judged
+from relmt.report.claims import BOTH_WAYS, Claim, judged
 from relmt.report.significance import BEYOND_PAIRS, Comparison, compare_unseen
 from relmt.report.tables import Group, analyse_tables, length_table, positions_runs
 from relmt.report.verdicts import AHEAD
@@ -62,20 +61,16 @@ def unseen_claim(item: LengthGroup, system: str = "rel", baseline: str = "abs") 
     return judged(f"{system} ≥ {baseline} on sentences longer than any in training",
                   f"BLEU by length, {item.group.data}, {item.group.model} model", None, measured,
                   f"{diff} above 0 on the sentences longer than training (> {item.max_words} words) pooled"
-                  f"{'' if system == 'rel' else ' (held), below 0 (did not hold), each by its 95% interval'}; the "
-                  f"means are over the {plural(buckets, 'bucket')} there, weighted by their sentences",
-                  [(c, AHEAD)], note)
+                  f"{'' if system == 'rel' else ' ' + BOTH_WAYS}; the means are over the {plural(buckets, 'bucket')} "
+                  "there, weighted by their sentences", [(c, AHEAD)], note)
 
 
-def analyse_length(group: Group, refs: dict[str | None, Path], n_samples: int, cutoffs: dict[str | None, int]
-                   ) -> LengthGroup:
-    """One group's BLEU by length, its paired tests on the sentences longer than training, and the claims."""
+def analyse_length(group: Group, cutoffs: dict[str | None, int]) -> LengthGroup:
     analyse_tables(group)
     max_words, source = cutoff(group, cutoffs)
     item = LengthGroup(group, max_words, source, length_table(group, max_words=max_words))
-    group.refs = refs.get(group.data, refs.get(None))
     if group.refs is not None and max_words is not None and item.table is not None:
-        item.significance = compare_unseen(positions_runs(group), group.refs, max_words, n_samples)
+        item.significance = compare_unseen(positions_runs(group), group.refs, max_words, group.n_samples)
     pairs = [("rel", "abs"), *((system, baseline) for baseline, system in BEYOND_PAIRS)]
     item.claims = [c for system, baseline in pairs if (c := unseen_claim(item, system, baseline)) is not None]
     return item

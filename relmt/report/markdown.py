@@ -91,10 +91,9 @@ def md_notes(group: Group, table: dict) -> str:
     """The lines under a table with the paper's column: its metrics and its checkpoint rules, with flags."""
     side = table["beside_paper"]
     labels = "; ".join(f"`{label}`" for label in side["labels"]) or "Moses + compound splitting, tokenize=none"
-    metric = (f"Metric: the relmt BLEU columns are sacreBLEU (detokenized, tokenizer 13a). Beside the paper's "
-              f"column is **{side['split']} {TOKENIZED}**, the paper-comparable metric (the paper "
-              "does not name its BLEU; this is t2t's EN-DE convention, about 0.7 above sacreBLEU on "
-              f"one published model), computed as {labels}.")
+    metric = ("Metric: the relmt BLEU columns are sacreBLEU (detokenized, tokenizer 13a). Beside the paper's column is "
+              f"**{side['split']} {TOKENIZED}**, the paper-comparable metric (the paper does not name its BLEU; this "
+              f"is t2t's EN-DE convention, about 0.7 above sacreBLEU on one published model), computed as {labels}.")
     if group.pair == "EN-FR":
         metric += (" tensor2tensor states this convention for EN-DE (its get_ende_bleu.sh) and not for EN-FR; relmt "
                    "uses it for EN-FR too, as fairseq's EN-FR figures (compound-split) do.")
@@ -220,11 +219,10 @@ def md_speed(group: Group) -> str | None:
         rows.append([kind, str(stat.n), f"{stat.mean:,.0f} ± {stat.std:,.0f}",
                      ", ".join(sorted({str(r.threads or "default") for r in members})),
                      "; ".join(f"{cpu} ({n})" for cpu, n in Counter(r.cpu or "not recorded" for r in members).items())])
-    return ("### Training speed\n\n"
-            "Target tokens per second of update steps (validation excluded), mean ± std over the runs of the "
-            "positions comparison. Runs may come from different sessions, with other work on the same cores, and "
-            "the CPU can differ between sessions (the last column): a paired measurement of the modes' step times is "
-            "`scripts/bench/bench_train.py --positions ...`.\n\n"
+    return ("### Training speed\n\nTarget tokens per second of update steps (validation excluded), mean ± std over the "
+            "runs of the positions comparison. Runs may come from different sessions, with other work on the same "
+            "cores, and the CPU can differ between sessions (the last column): a paired measurement of the modes' step "
+            "times is `scripts/bench/bench_train.py --positions ...`.\n\n"
             + md_table(["positions", "runs", "target tok/s", "train.num_threads", "CPU (runs)"], rows))
 
 
@@ -260,8 +258,7 @@ def md_group(group: Group, report: Report, name: str) -> str:
     parts = [f"## {group.data}{pair}, {group.model} model (d_model {group.runs[0].d_model}{cutoff})", md_about(group),
              md_signatures(group), *md_tables(group), md_significance(group, report), md_repeats(repeats_table(group)),
              md_length(group.tables["length"]) if group.tables["length"] else None, md_curves(group, name),
-             md_speed(group),
-             md_stages(group.stages), md_controls(group.controls)]
+             md_speed(group), md_stages(group.stages), md_controls(group.controls)]
     if not any(group.tables.values()):
         parts.append("No run of this group fits any table.")
     return "\n\n".join(p for p in parts if p)
@@ -348,25 +345,24 @@ def tuning_markdown(sources: list[str], title: str, command: str | None) -> str:
     header = ["run", *keys, *(f"valid BLEU @{s}" for s in steps), "final sacreBLEU", "chrF",
               "lowercased tok. BLEU", "averaged checkpoints: sacreBLEU", "minutes"]
     best = max(runs, key=lambda r: r.valid.get("bleu", float("-inf")))
+
+    def row(run: Run, cfg: dict[str, object]) -> list[str]:
+        curve, averaged = dict(run.curve), run.path / "averaged_valid.json"  # scripts/reproduce/score_averaged.sh
+        return [run.path.name, *(str(cfg.get(k, DASH)) for k in keys),
+                *(f"{curve[s]:.2f}" if s in curve else DASH for s in steps),
+                *(f"{run.valid[m]:.2f}" if m in run.valid else DASH for m in ("bleu", "chrf", "lowercased_bleu")),
+                f"{json.loads(averaged.read_text())['sacrebleu']['score']:.2f}" if averaged.is_file() else DASH,
+                f"{run.wall_seconds / 60:.0f}" if run.wall_seconds else DASH]
     h = host()
     parts = [f"# {title}", f"Made by `relmt-report {' '.join(sources)} --kind tuning` on {h['date']} ({h['cpu']}, "
              f"{h['cpu_count']} cores, torch {h['torch']}, relmt {h['git']}).",
              *([f"Runs: `{command}`."] if command else []),
              "Validation split only: the tuning runs decode no test set. BLEU is sacreBLEU (cased, 13a) unless named "
              "otherwise; 'minutes' is the run's wall time.",
-             md_table(header, [row(r, c, keys, steps) for r, c in zip(runs, configs)]),
+             md_table(header, [row(r, c) for r, c in zip(runs, configs)]),
              f"Highest final valid sacreBLEU: {best.path.name} ({best.valid.get('bleu', float('nan')):.2f}).",
              *(["Left out: " + "; ".join(f"{p} ({why})" for p, why in skipped)] if skipped else [])]
     return "\n\n".join(parts) + "\n"
-
-
-def row(run: Run, cfg: dict[str, object], keys: list[str], steps: list[int]) -> list[str]:
-    curve, averaged = dict(run.curve), run.path / "averaged_valid.json"  # scripts/reproduce/score_averaged.sh writes it
-    return [run.path.name, *(str(cfg.get(k, DASH)) for k in keys),
-            *(f"{curve[s]:.2f}" if s in curve else DASH for s in steps),
-            *(f"{run.valid[m]:.2f}" if m in run.valid else DASH for m in ("bleu", "chrf", "lowercased_bleu")),
-            f"{json.loads(averaged.read_text())['sacrebleu']['score']:.2f}" if averaged.is_file() else DASH,
-            f"{run.wall_seconds / 60:.0f}" if run.wall_seconds else DASH]
 
 
 def runs_markdown(report: Report) -> str:

@@ -32,8 +32,7 @@ VALID_RULE = "last"
 TABLE1_DIFFERENCES = ("rel − abs = +0.3 BLEU (base) and +1.3 (big) on WMT14 EN-DE newstest2014; "
                       "+0.5 (base) and +0.3 (big) on EN-FR")
 BOTH_FINDING = "abs + rel (\"both\") gave no further gain over rel (§4.2; no number given)"
-TABLE2_FINDING = ("k = 0 gives 12.5 BLEU, k = 1 25.5, and every k ≥ 2 25.8–25.9 "
-                  "(base, WMT14 EN-DE newstest2013)")
+TABLE2_FINDING = "k = 0 gives 12.5 BLEU, k = 1 25.5, and every k ≥ 2 25.8–25.9 (base, WMT14 EN-DE newstest2013)"
 TABLE3_FINDING = ("a^K and a^V 25.8, a^K alone 25.8, a^V alone 25.3, neither 12.5 BLEU "
                   "(base, WMT14 EN-DE newstest2013)")
 

@@ -23,11 +23,10 @@ def repeats_table(group: Group) -> dict | None:
     (variants too: a^K alone is one suspect) and sources and references in group.refs; None without any."""
     if group.refs is None:
         return None
-    out, every = {}, group.runs + group.variants
+    out, every, head = {}, group.runs + group.variants, group.runs[0]
     updates = usual_updates(every)
     for split in group.splits:
         runs = [r for r in every if r.translations(split) and r.translations(split).is_file()]
-        head = group.runs[0]
         src, ref = (group.refs / f"{head.source_splits.get(split, split)}.{lang}" for lang in (head.src, head.tgt))
         if not runs or not src.is_file() or not ref.is_file():
             continue

@@ -101,7 +101,6 @@ def test_pairs(comparison: Comparison, base: dict[int, Run], system: dict[int, R
 
 def split_texts(refs: Path, splits: list[str]) -> Texts:
     """A run's translations of `splits`, pooled in order, and the reference files for them."""
-
     def texts(run: Run) -> tuple[list[str], list[str]]:
         hyps, ref_lines = [], []
         for split in splits:
@@ -112,7 +111,6 @@ def split_texts(refs: Path, splits: list[str]) -> Texts:
                 raise OSError(f"no reference file {split}.{run.tgt} in {refs}")
             hyps, ref_lines = hyps + list(lines(path)), ref_lines + list(lines(ref))
         return hyps, ref_lines
-
     return texts
 
 
@@ -134,10 +132,9 @@ def arms(group: Group) -> list[tuple[str, list[Run], str, list[Run]]]:
     return [arm for arm in out if arm[1] and arm[3]]
 
 
-def compare_group(group: Group, refs: Path, n_samples: int) -> list[Comparison]:
-    """Every comparison of `arms` on each test set."""
-    return [test_pairs(Comparison(b, s, split), by_seed(b_runs), by_seed(s_runs), split_texts(refs, [split]),
-                       n_samples) for b, b_runs, s, s_runs in arms(group) for split in group.splits]
+def compare_group(group: Group) -> list[Comparison]:
+    return [test_pairs(Comparison(b, s, split), by_seed(b_runs), by_seed(s_runs), split_texts(group.refs, [split]),
+                       group.n_samples) for b, b_runs, s, s_runs in arms(group) for split in group.splits]
 
 
 def compare_unseen(runs: list[Run], refs: Path, max_words: int, n_samples: int) -> list[Comparison]:

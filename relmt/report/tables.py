@@ -28,6 +28,7 @@ class Group:
     k_default: int | None = None
     tables: dict[str, dict | None] = field(default_factory=dict)
     refs: Path | None = None  # the folder of the reference files for the paired tests
+    n_samples: int = 1000  # their bootstrap resamples
     significance: list = field(default_factory=list)  # relmt.report.significance.Comparison
     curves: dict | None = None
     claims: list = field(default_factory=list)  # relmt.report.claims.Claim
@@ -52,9 +53,8 @@ class Group:
 
 
 def default_k(runs: list[Run]) -> int | None:
-    """The most common k among rel runs with a^K and a^V on (of both runs if there is none); ties (a k
-    sweep with as many seeds per k as the shared rel run) go to the k most used by both, then to the
-    paper's 16, then to the smallest k."""
+    """The most common k among rel runs with a^K and a^V on (of both runs if there is none); ties (a k sweep with as
+    many seeds per k as the shared rel run) go to the k most used by both, then to the paper's 16, then the smallest."""
     rel, both = (Counter(r.k for r in runs if r.positions == p and r.full_rel) for p in ("rel", "both"))
     counts = rel or both
     return max(counts, key=lambda k: (counts[k], both[k], k == PAPER_K, -k)) if counts else None

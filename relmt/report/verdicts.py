@@ -13,21 +13,20 @@ SLIGHT = 2.0  # BLEU: "slightly lower" is behind by more than 0 and less than SL
 HELD, NOT_HELD, NOT_SIGNIFICANT, INCONCLUSIVE, NOT_TESTED = (
     "held", "did not hold", "not significant", "inconclusive", "not tested")
 RULES = (
-    f"Verdicts. Every claim is a statement about the paired difference system − baseline, in BLEU, on one test "
-    f"set: \"system ≥ baseline\" says it is above 0; an equivalence claim (\"about as good\", \"no further gain\", "
+    "Verdicts. Every claim is a statement about the paired difference system − baseline, in BLEU, on one test set: "
+    "\"system ≥ baseline\" says it is above 0; an equivalence claim (\"about as good\", \"no further gain\", "
     f"\"saturates\") says it lies within a margin of ±{MARGIN:g} BLEU (below +{MARGIN:g} for \"no further gain\"); "
-    f"\"slightly lower\" says the baseline is behind by more than 0 and less than {SLIGHT:g} BLEU; \"collapses\" "
-    f"says k = 0 is behind by more than half of the other's BLEU. These margins are our choice, fixed before the "
-    f"numbers, not the paper's. Each claim is tested seed by seed (seed s against seed s, the same test "
-    f"sentences) with a paired bootstrap, which gives the {100 * (1 - ALPHA):g}% interval of the difference and "
-    f"its two-sided p (p < {ALPHA} exactly when the interval excludes 0). A seed pair supports the claim when "
-    f"its interval lies inside the claim's region and contradicts it when the interval lies outside. **held**: "
-    f"more than half of the seed pairs support it. **did not hold**: more than half contradict it. **not "
-    f"significant** (a claim that one system is ahead) or **inconclusive** (any other claim): neither. **not "
-    f"tested**: no seed pair could be tested (no references, or no seed in common); the means are shown but "
-    f"decide nothing. A claim over several comparisons (k ≥ 2 saturates: every k against the default k) holds "
-    f"when each holds and fails when any fails. Swapping the two systems of a \"≥\" claim turns held into did "
-    f"not hold and back.")
+    f"\"slightly lower\" says the baseline is behind by more than 0 and less than {SLIGHT:g} BLEU; \"collapses\" says "
+    "k = 0 is behind by more than half of the other's BLEU. These margins are our choice, fixed before the numbers, "
+    "not the paper's. Each claim is tested seed by seed (seed s against seed s, the same test sentences) with a paired "
+    f"bootstrap, which gives the {100 * (1 - ALPHA):g}% interval of the difference and its two-sided p (p < {ALPHA} "
+    "exactly when the interval excludes 0). A seed pair supports the claim when its interval lies inside the claim's "
+    "region and contradicts it when the interval lies outside. **held**: more than half of the seed pairs support it. "
+    "**did not hold**: more than half contradict it. **not significant** (a claim that one system is ahead) or "
+    "**inconclusive** (any other claim): neither. **not tested**: no seed pair could be tested (no references, or no "
+    "seed in common); the means are shown but decide nothing. A claim over several comparisons (k ≥ 2 saturates: every "
+    "k against the default k) holds when each holds and fails when any fails. Swapping the two systems of a \"≥\" "
+    "claim turns held into did not hold and back.")
 
 Region = Callable[[PairTest], tuple[float, float]]
 
