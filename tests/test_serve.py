@@ -351,6 +351,33 @@ def test_the_scheduler_waits_for_the_clients_it_expects_and_a_lone_client_never_
     assert len(b.next_batch()) == 1 and 0.4 < time.monotonic() - start < 2.5  # never past max_wait
 
 
+def test_the_running_search_admits_a_quarter_of_its_size_or_the_job_that_waited_max_wait():
+    """Continuous batching: joining costs an encoder pass and a copy of the caches, so queued jobs join a search
+    of 8 sentences once 2 are waiting, or once the oldest has waited max_wait; a job with other settings at the
+    head waits for the search to end, and nothing joins past max_batch_tokens."""
+    from dataclasses import astuple, replace
+    from types import SimpleNamespace
+
+    b = scheduler(max_batch_tokens=100, max_wait_ms=300.0, queue_size=16)
+    running = SimpleNamespace(idle=False, key=astuple(b.default_decode), tokens=16,
+                              run=SimpleNamespace(keys=tuple(range(8))))
+    first = b.submit(["a"], b.default_decode)
+    assert b.admissions(running) == []  # 1 waiting, 4 * 1 < 8, not yet waited 300 ms
+    second = b.submit(["b"], b.default_decode)
+    assert b.admissions(running) == [first, second]  # 4 * 2 >= 8
+    late = b.submit(["c"], b.default_decode)
+    time.sleep(0.35)
+    assert b.admissions(running) == [late]  # alone, but it waited max_wait
+    other = b.submit(["d"], replace(b.default_decode, beam=2))
+    b.submit(["e"], b.default_decode)
+    b.submit(["f"], b.default_decode)
+    assert b.admissions(running) == []  # the oldest has other settings: it waits for the search to end
+    running.idle = True
+    assert b.admissions(running) == [other]
+    running.idle, running.tokens = False, 99
+    assert b.admissions(running) == []  # no room: 99 + 2 > max_batch_tokens
+
+
 def test_the_scheduler_drops_a_job_whose_client_left_and_fails_only_its_batch():
     b = scheduler()
     gone = b.submit(["left early"], b.default_decode)
