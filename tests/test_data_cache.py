@@ -173,3 +173,14 @@ def test_an_unpublished_folder_is_never_removed(tmp_path):
     with pytest.raises(UserError, match=r"a cache folder without meta\.json.*remove it and run again"):
         prepare(cfg)
     assert (final / "keep.txt").read_text() == "someone's"
+
+
+def test_the_cache_is_named_relative_to_the_working_directory_when_under_it(tmp_path, monkeypatch, caplog):
+    """A training log kept beside results (docs/results/**/train.log) then names no machine's folders."""
+    make_corpus(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dataset, "_ANNOUNCED", set())
+    with caplog.at_level(logging.INFO, logger="relmt.data.dataset"):
+        prepare(text_cfg(tmp_path))
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("data cache:"))
+    assert line == "data cache: cache (data.cache_dir=... to put it elsewhere)"

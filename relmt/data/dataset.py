@@ -358,9 +358,12 @@ def prepare(cfg: DataConfig) -> Corpus:
     """Build the vocabulary and encoded splits for `cfg`, or load them from the cache."""
     t0 = time.perf_counter()
     root = Path(cfg.cache_dir)
-    if root.absolute() not in _ANNOUNCED:  # once: the default depends on where relmt is installed
-        _ANNOUNCED.add(root.absolute())
-        log.info("data cache: %s (data.cache_dir=... to put it elsewhere)", root.absolute())
+    where = root.absolute()
+    if where not in _ANNOUNCED:  # once: the default depends on where relmt is installed
+        _ANNOUNCED.add(where)
+        # relative to the working directory when under it, so that a log kept with results names no machine
+        shown = where.relative_to(Path.cwd()) if where.is_relative_to(Path.cwd()) else where
+        log.info("data cache: %s (data.cache_dir=... to put it elsewhere)", shown)
     final = root / f"{cfg.name}-{cache_key(cfg)}"
     built = False
     if not (final / "meta.json").is_file():  # published entries are complete: loading needs no lock
