@@ -124,6 +124,29 @@ class Hypothesis:
     score: float  # log P(y) / lp(|y|)
 
 
+def live_and_finishing(cand: Tensor, token: Tensor, last: Tensor, eos_id: int, t2t: bool) -> tuple[Tensor, Tensor]:
+    """Of each sentence's 2K candidates (scores cand and tokens token, (B, 2K), best first), the K that stay live,
+    keep (B, K): the first K non-EOS (EOS sorted after every other candidate, stably); and those that finish now,
+    (B, 2K) bool. t2t: an EOS anywhere among the 2K, and at the step limit (last, (B, 1)) the K kept live. fairseq:
+    an EOS among the first K, and at the limit any of the first K. A candidate at -inf never finishes."""
+    k = cand.shape[1] // 2
+    rank = torch.arange(2 * k, device=cand.device)
+    is_eos = token == eos_id
+    keep = torch.sort(is_eos.int() * 2 * k + rank, dim=1).indices[:, :k]
+    if t2t:
+        finishing = is_eos | (last & torch.zeros_like(is_eos).scatter_(1, keep, True))
+    else:
+        finishing = (is_eos | last) & (rank < k)
+    return keep, finishing & torch.isfinite(cand)
+
+
+def finished_hypotheses(scores: Tensor, tokens: Tensor, drop: tuple[int, ...]) -> list[list[Hypothesis]]:
+    """Each sentence's pool (scores (n, K), tokens (n, K, L)) as hypotheses, best first, without the
+    empty slots (-inf) and the `drop` ids (EOS, padding)."""
+    return [[Hypothesis([x for x in seq if x not in drop], sc) for sc, seq in zip(row_scores, row_tokens)
+             if sc != float("-inf")] for row_scores, row_tokens in zip(scores.tolist(), tokens.tolist())]
+
+
 @torch.no_grad()
 def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: int, eos_id: int, lenpen: float = 0.6,
                 max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1, early_stop: bool = False,
@@ -159,20 +182,8 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
         m = alive.shape[0]
         cand, origin, token = step_candidates(logits.float(), alive, banned[t < min_len], k=2 * k)  # (m, 2K)
 
-        # The first K non-EOS candidates stay live: sort EOS after every other candidate, stably.
-        rank = torch.arange(2 * k, device=src.device)
-        is_eos = token == eos_id  # (m, 2K)
-        keep = torch.sort(is_eos.int() * 2 * k + rank, dim=1).indices[:, :k]  # (m, K)
-
-        # Candidates that finish now. t2t: an EOS anywhere among the 2K, and at the step limit the
-        # K kept live. fairseq: an EOS among the first K, and at the limit any of the first K.
         last = (t + 1 >= limit)[:, None]
-        if t2t:
-            kept = torch.zeros_like(is_eos).scatter_(1, keep, True)
-            finishing = is_eos | (last & kept)
-        else:
-            finishing = (is_eos | last) & (rank < k)
-        finishing &= torch.isfinite(cand)
+        keep, finishing = live_and_finishing(cand, token, last, eos_id, t2t)
         rows = (torch.arange(m, device=src.device)[:, None] * k + origin)  # (m, 2K) rows of `tokens`
         seqs = torch.cat((tokens[rows.view(-1), 1:].view(m, 2 * k, t), token[:, :, None]), dim=2)
         normalised = cand / length_penalty(float(t + 1), lenpen, length_norm)
@@ -189,10 +200,8 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
         done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
                              can_stop(pool_scores, alive, limit, lenpen, length_norm))
         if done.any():
-            for i, scores, seqs_i in zip(sentence[done].tolist(), pool_scores[done].tolist(),
-                                         pool_tokens[done].tolist()):
-                hyps = [Hypothesis([x for x in s if x not in (eos_id, pad_id)], sc)
-                        for sc, s in zip(scores, seqs_i) if sc != float("-inf")]
+            for i, hyps in zip(sentence[done].tolist(),
+                               finished_hypotheses(pool_scores[done], pool_tokens[done], (eos_id, pad_id))):
                 results[i] = hyps[:nbest]
             keep_rows = (~done).repeat_interleave(k)
             sentence, limit, alive = sentence[~done], limit[~done], alive[~done]

@@ -28,7 +28,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from relmt.config import DecodeConfig, EosCandidates
-from relmt.decode.beam import Hypothesis, can_stop, length_penalty, max_lengths, merge_finished, step_candidates
+from relmt.decode.beam import (
+    Hypothesis,
+    can_stop,
+    finished_hypotheses,
+    length_penalty,
+    live_and_finishing,
+    max_lengths,
+    merge_finished,
+    step_candidates,
+)
 from relmt.model.cache import DecoderCache, LayerCache
 from relmt.model.positions import Rotary
 from relmt.model.transformer import Transformer
@@ -121,16 +130,8 @@ def advance(model: Transformer, run: Running, cfg: DecodeConfig, bos_id: int, eo
     row_ban = ((t < cfg.min_len).repeat_interleave(k), eos_id) if cfg.min_len else None
     cand, origin, token = step_candidates(logits.float(), run.alive, banned, 2 * k, row_ban)  # (n, 2K)
 
-    rank = torch.arange(2 * k, device=device)
-    is_eos = token == eos_id
-    keep = torch.sort(is_eos.int() * 2 * k + rank, dim=1).indices[:, :k]  # the first K non-EOS stay live
     last = (t + 1 >= run.limit)[:, None]
-    if t2t:
-        kept = torch.zeros_like(is_eos).scatter_(1, keep, True)
-        finishing = is_eos | (last & kept)
-    else:
-        finishing = (is_eos | last) & (rank < k)
-    finishing &= torch.isfinite(cand)
+    keep, finishing = live_and_finishing(cand, token, last, eos_id, t2t)
     rows = torch.arange(n, device=device)[:, None] * k + origin
     seqs = torch.cat((run.tokens[rows.view(-1), 1:].view(n, 2 * k, slot), token[:, :, None]), dim=2)
     lp = length_penalty((t + 1).double(), cfg.lenpen, cfg.length_norm).to(cand.dtype)[:, None]
@@ -144,12 +145,9 @@ def advance(model: Transformer, run: Running, cfg: DecodeConfig, bos_id: int, eo
     done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
                          can_stop(pool_scores, alive, run.limit, cfg.lenpen, cfg.length_norm))
     finished = []
-    if done.any():
-        for i, scores, seq in zip(done.nonzero().view(-1).tolist(), pool_scores[done].tolist(),
-                                  pool_tokens[done].tolist()):
-            hyps = [Hypothesis([x for x in s if x not in (eos_id, pad_id, bos_id)], sc)
-                    for sc, s in zip(scores, seq) if sc != float("-inf")]
-            finished.append((run.keys[i], hyps[: cfg.nbest]))
+    if done.any():  # a late joiner's tokens hold its BOS after the empty slots
+        hyps = finished_hypotheses(pool_scores[done], pool_tokens[done], (eos_id, pad_id, bos_id))
+        finished = [(run.keys[i], h[: cfg.nbest]) for i, h in zip(done.nonzero().view(-1).tolist(), hyps)]
     left = ~done
     if not left.any():
         return None, finished
