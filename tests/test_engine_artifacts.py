@@ -122,7 +122,7 @@ def test_an_aoti_package_of_another_torch_is_rebuilt_with_one_log_line(tmp_path,
 
     def compile_(model, directory):  # what export_aoti writes, without the compiler
         directory = Path(directory)
-        for name in ("encoder.pt2", "step.pt2"):
+        for name in ("encoder.pt2", "step.pt2", "search.pt2"):
             (directory / name).write_bytes(b"package")
         (directory / "aoti.json").write_text(json.dumps(shape_of(model) | {"torch": torch.__version__}))
         return directory

@@ -173,4 +173,5 @@ def test_relmt_export_format_aoti(tmp_path):
     api = Translator.from_checkpoint(ck)
     exported = Translator(AotiModel(tmp_path / "aoti"), api.tokenizer, api.decode, torch.device("cpu"))
     assert exported.translate(SENTENCES, beam=4) == api.translate(SENTENCES, beam=4)
-    assert {p.name for p in (tmp_path / "aoti").iterdir()} >= {"encoder.pt2", "step.pt2", "sentencepiece.model"}
+    assert {p.name for p in (tmp_path / "aoti").iterdir()} >= {"encoder.pt2", "step.pt2", "search.pt2",
+                                                               "sentencepiece.model"}

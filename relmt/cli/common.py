@@ -52,7 +52,8 @@ USAGE = {
                     "model with per-head relative tables (model.relative_share_heads=false) cannot be exported.\n"
                     "format=onnx writes encoder.onnx and step.onnx (every model: relmt's searches run on them with\n"
                     "onnxruntime, as relmt-translate engine=onnx does) with sentencepiece.model (needs relmt[onnx]);\n"
-                    "format=aoti compiles them with AOTInductor into encoder.pt2 and step.pt2 (engine=aoti).",
+                    "format=aoti compiles them with AOTInductor into encoder.pt2, step.pt2 and search.pt2\n"
+                    "(engine=aoti).",
 }
 # One whole command per command, for the message that a missing required argument gets
 EXAMPLES = {

@@ -37,7 +37,8 @@ def _export(argv: list[str]) -> None:
                 raise UserError(f"format=onnx needs onnx, onnxscript and onnxruntime ({e}): "
                                 "pip install 'relmt[onnx]'") from None
         out = export_checkpoint(args.checkpoint, args.output, Engine(args.format), force=args.force)
-        made = "ONNX: encoder.onnx and step.onnx" if args.format == "onnx" else "AOTInductor: encoder.pt2 and step.pt2"
+        made = "ONNX: encoder.onnx and step.onnx" if args.format == "onnx" else \
+            "AOTInductor: encoder.pt2, step.pt2 and search.pt2"
         print(f"exported {args.checkpoint} to {out} ({made}, for relmt's searches)")
         return
     try:

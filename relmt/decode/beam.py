@@ -43,9 +43,12 @@ def max_lengths(src_mask: Tensor, a: float, b: int) -> Tensor:
     return (a * src_mask.sum(dim=1).to(torch.float64) + b).floor().long().clamp(min=1)
 
 
-def length_penalty(length: Tensor | float, alpha: float, norm: LengthNorm | str = LengthNorm.gnmt) -> Tensor | float:
+def length_penalty(length: Tensor | float, alpha: float | Tensor, norm: LengthNorm | str | Tensor = LengthNorm.gnmt,
+                   ) -> Tensor | float:
     """What a hypothesis's log-probability is divided by (|y| counts its EOS): GNMT (Wu et al. 2016, eq. 14)
     ((5 + |y|) / 6)^alpha, or |y|^alpha (`power`: fairseq's --lenpen, CTranslate2, Marian)."""
+    if isinstance(norm, Tensor):  # a compiled search step's input (`Rules.power`): True for power
+        return torch.where(norm, length ** alpha, ((5.0 + length) / 6.0) ** alpha)
     if LengthNorm(norm) == LengthNorm.power:
         return length ** alpha
     return ((5.0 + length) / 6.0) ** alpha
@@ -109,8 +112,8 @@ def merge_finished(pool_scores: Tensor, pool_tokens: Tensor, new_scores: Tensor,
     return best, tokens.gather(1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
 
 
-def can_stop(pool_scores: Tensor, alive_scores: Tensor, limit: Tensor, alpha: float,
-             norm: LengthNorm | str = LengthNorm.gnmt) -> Tensor:
+def can_stop(pool_scores: Tensor, alive_scores: Tensor, limit: Tensor, alpha: float | Tensor,
+             norm: LengthNorm | str | Tensor = LengthNorm.gnmt) -> Tensor:
     """(B,) True where the pool is full and no live beam can beat its worst hypothesis (both penalties grow
     with the length, so a live score divided by the penalty at the step limit is the best it can reach)."""
     full = torch.isfinite(pool_scores).all(dim=1)
@@ -124,7 +127,16 @@ class Hypothesis:
     score: float  # log P(y) / lp(|y|)
 
 
-def live_and_finishing(cand: Tensor, token: Tensor, last: Tensor, eos_id: int, t2t: bool) -> tuple[Tensor, Tensor]:
+def pick(flag: bool | Tensor, yes, no) -> Tensor:
+    """yes() where `flag` holds, else no(): a Python bool calls one of them; a bool tensor (a setting given to a
+    compiled search step as an input, relmt/export/graphs.py) calls both and selects elementwise."""
+    if isinstance(flag, Tensor):
+        return torch.where(flag, yes(), no())
+    return yes() if flag else no()
+
+
+def live_and_finishing(cand: Tensor, token: Tensor, last: Tensor, eos_id: int, t2t: bool | Tensor,
+                       ) -> tuple[Tensor, Tensor]:
     """Of each sentence's 2K candidates (scores cand and tokens token, (B, 2K), best first), the K that stay live,
     keep (B, K): the first K non-EOS (EOS sorted after every other candidate, stably); and those that finish now,
     (B, 2K) bool. t2t: an EOS anywhere among the 2K, and at the step limit (last, (B, 1)) the K kept live. fairseq:
@@ -133,10 +145,8 @@ def live_and_finishing(cand: Tensor, token: Tensor, last: Tensor, eos_id: int, t
     rank = torch.arange(2 * k, device=cand.device)
     is_eos = token == eos_id
     keep = torch.sort(is_eos.int() * 2 * k + rank, dim=1).indices[:, :k]
-    if t2t:
-        finishing = is_eos | (last & torch.zeros_like(is_eos).scatter_(1, keep, True))
-    else:
-        finishing = (is_eos | last) & (rank < k)
+    finishing = pick(t2t, lambda: is_eos | (last & torch.zeros_like(is_eos).scatter_(1, keep, True)),
+                     lambda: (is_eos | last) & (rank < k))
     return keep, finishing & torch.isfinite(cand)
 
 
@@ -145,6 +155,64 @@ def finished_hypotheses(scores: Tensor, tokens: Tensor, drop: tuple[int, ...]) -
     empty slots (-inf) and the `drop` ids (EOS, padding)."""
     return [[Hypothesis([x for x in seq if x not in drop], sc) for sc, seq in zip(row_scores, row_tokens)
              if sc != float("-inf")] for row_scores, row_tokens in zip(scores.tolist(), tokens.tolist())]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The settings a search step reads. Python values in beam_search; in a compiled search step
+    (relmt/export/graphs.py) the ids are constants of the graph and the others 0-d tensors, its inputs, so
+    that one graph serves every setting (`pick` and length_penalty select by a tensor flag)."""
+
+    eos_id: int
+    banned: Tensor  # ids never chosen (padding, BOS); EOS neither before min_len
+    min_len: int | Tensor
+    lenpen: float | Tensor
+    power: LengthNorm | str | Tensor  # the length normalisation; as a tensor: True for power
+    t2t: bool | Tensor  # which EOS candidates finish (EosCandidates)
+    early_stop: bool | Tensor
+
+
+@dataclass(frozen=True)
+class Beams:
+    """The search between two steps, for m sentences of K beams at step t: an explicit value that a step takes
+    and returns. Finished sentences leave it (`keep`)."""
+
+    tokens: Tensor  # (m*K, 1 + t): BOS and each live beam's outputs
+    alive: Tensor  # (m, K) the live beams' log-probabilities
+    pool_scores: Tensor  # (m, K) the finished hypotheses' normalised scores, -inf for an empty slot
+    pool_tokens: Tensor  # (m, K, t) their tokens, padded
+    limit: Tensor  # (m,) each sentence's step limit
+
+    def keep(self, sentences: Tensor) -> Beams:
+        """The beams of the sentences where `sentences` (m,) bool holds."""
+        k = self.alive.shape[1]
+        return Beams(self.tokens[sentences.repeat_interleave(k)], self.alive[sentences], self.pool_scores[sentences],
+                     self.pool_tokens[sentences], self.limit[sentences])
+
+
+def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[Beams, Tensor, Tensor]:
+    """One step of the search (see the module's docstring) from the logits (m*K, V) of the beams' next token.
+    Returns the beams after it, the row of the step's hypotheses each new live beam continues ((m*K,), for
+    cache.select), and which sentences are done ((m,) bool)."""
+    m, k = beams.alive.shape
+    t = beams.tokens.shape[1] - 1
+    eos_early = torch.as_tensor(t < rules.min_len).expand(m * k)  # EOS banned in every row before min_len
+    cand, origin, token = step_candidates(logits.float(), beams.alive, rules.banned, 2 * k,
+                                          (eos_early, rules.eos_id))  # (m, 2K)
+    last = (t + 1 >= beams.limit)[:, None]
+    keep, finishing = live_and_finishing(cand, token, last, rules.eos_id, rules.t2t)
+    rows = torch.arange(m, device=cand.device)[:, None] * k + origin  # (m, 2K) rows of `tokens`
+    seqs = torch.cat((beams.tokens[rows.view(-1), 1:].view(m, 2 * k, t), token[:, :, None]), dim=2)
+    normalised = cand / length_penalty(t + 1, rules.lenpen, rules.power)  # t + 1: an int, or symbolic in a graph
+    pool_tokens = torch.cat((beams.pool_tokens, beams.pool_tokens.new_full((m, k, 1), pad_id)), dim=2)
+    pool_scores, pool_tokens = merge_finished(beams.pool_scores, pool_tokens,
+                                              normalised.masked_fill(~finishing, float("-inf")), seqs)
+    alive = cand.gather(1, keep)
+    rows = rows.gather(1, keep).view(-1)
+    tokens = torch.cat((beams.tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
+    done = last[:, 0] | pick(rules.early_stop, lambda: torch.isfinite(pool_scores).all(1),
+                             lambda: can_stop(pool_scores, alive, beams.limit, rules.lenpen, rules.power))
+    return Beams(tokens, alive, pool_scores, pool_tokens, beams.limit), rows, done
 
 
 @torch.no_grad()
@@ -157,58 +225,42 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
     over length_penalty(|y|, lenpen, length_norm). `out_weight` is
     the output weight padded with zero rows for a faster CPU GEMM (relmt.decode.search.output_weight),
     handed to every cached step; None: the tied embedding itself. An `Ensemble` decodes through the
-    same code: its memory, cache and output weights hold one entry per model."""
+    same code: its memory, cache and output weights hold one entry per model. A model that `searches`
+    with these rules (an engine whose compiled step includes `beam_step`, relmt/export/graphs.py) runs the
+    step and beam_step in one call of its `search_step`."""
     k, pad_id = beam, model.pad_id
-    t2t = EosCandidates(eos_candidates) == EosCandidates.t2t
+    rules = Rules(eos_id, torch.tensor([pad_id, bos_id], device=src.device), min_len, lenpen, length_norm,
+                  EosCandidates(eos_candidates) == EosCandidates.t2t, early_stop)
     memory, src_mask = model.encode(src)
-    limit = max_lengths(src_mask, max_len_a, max_len_b)  # (B,) steps allowed per sentence
     n = src.shape[0]  # memory stays (n, S, d): the decoder shares it among a sentence's K beams
-    tokens = src.new_full((n * k, 1), bos_id)  # (n*K, 1 + t): BOS + the live beams' outputs
     alive = torch.full((n, k), float("-inf"), device=src.device)
     alive[:, 0] = 0.0  # one live beam to start, so that the first step does not repeat it K times
-    pool_scores = torch.full((n, k), float("-inf"), device=src.device)
-    pool_tokens = src.new_full((n, k, 1), pad_id)
+    beams = Beams(src.new_full((n * k, 1), bos_id), alive, torch.full((n, k), float("-inf"), device=src.device),
+                  src.new_empty((n, k, 0)), max_lengths(src_mask, max_len_a, max_len_b))
+    fused = use_cache and out_weight is None and getattr(model, "searches", None) is not None and \
+        model.searches(rules)
     sentence = torch.arange(n, device=src.device)  # original index of each remaining sentence
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     cache = None
-    never = [pad_id, bos_id]  # never chosen; EOS neither before min_len
-    banned = [torch.tensor(never + more, device=src.device) for more in ([], [eos_id])]
-    for t in range(int(limit.max())):
-        if use_cache:
-            logits, cache = model.decode_step(tokens[:, -1], memory, src_mask, cache, step=t,
-                                              out_weight=out_weight)
+    for t in range(int(beams.limit.max())):
+        if fused:
+            beams, done, cache = model.search_step(beams, memory, src_mask, cache, rules)
         else:
-            logits = model.decode(tokens, memory, src_mask)[:, -1]
-        m = alive.shape[0]
-        cand, origin, token = step_candidates(logits.float(), alive, banned[t < min_len], k=2 * k)  # (m, 2K)
-
-        last = (t + 1 >= limit)[:, None]
-        keep, finishing = live_and_finishing(cand, token, last, eos_id, t2t)
-        rows = (torch.arange(m, device=src.device)[:, None] * k + origin)  # (m, 2K) rows of `tokens`
-        seqs = torch.cat((tokens[rows.view(-1), 1:].view(m, 2 * k, t), token[:, :, None]), dim=2)
-        normalised = cand / length_penalty(float(t + 1), lenpen, length_norm)
-        pool_tokens = torch.cat((pool_tokens, pool_tokens.new_full((m, k, 1), pad_id)), dim=2)[:, :, : t + 1]
-        pool_scores, pool_tokens = merge_finished(pool_scores, pool_tokens,
-                                                  normalised.masked_fill(~finishing, float("-inf")), seqs)
-
-        alive = cand.gather(1, keep)
-        rows = rows.gather(1, keep).view(-1)
-        tokens = torch.cat((tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
-        if use_cache:
-            cache = cache.select(rows)
-
-        done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
-                             can_stop(pool_scores, alive, limit, lenpen, length_norm))
-        if done.any():
-            for i, hyps in zip(sentence[done].tolist(),
-                               finished_hypotheses(pool_scores[done], pool_tokens[done], (eos_id, pad_id))):
-                results[i] = hyps[:nbest]
-            keep_rows = (~done).repeat_interleave(k)
-            sentence, limit, alive = sentence[~done], limit[~done], alive[~done]
-            pool_scores, pool_tokens = pool_scores[~done], pool_tokens[~done]
-            tokens, memory, src_mask = tokens[keep_rows], memory[~done], src_mask[~done]
             if use_cache:
-                cache = cache.select(keep_rows.nonzero().view(-1), (~done).nonzero().view(-1))
+                logits, cache = model.decode_step(beams.tokens[:, -1], memory, src_mask, cache, step=t,
+                                                  out_weight=out_weight)
+            else:
+                logits = model.decode(beams.tokens, memory, src_mask)[:, -1]
+            beams, rows, done = beam_step(logits, beams, rules, pad_id)
+            if use_cache:
+                cache = cache.select(rows)
+        if done.any():
+            for i, hyps in zip(sentence[done].tolist(), finished_hypotheses(
+                    beams.pool_scores[done], beams.pool_tokens[done], (eos_id, pad_id))):
+                results[i] = hyps[:nbest]
+            sentence, beams, memory, src_mask = sentence[~done], beams.keep(~done), memory[~done], src_mask[~done]
+            if use_cache:
+                cache = cache.select((~done).repeat_interleave(k).nonzero().view(-1), (~done).nonzero().view(-1))
             if not len(sentence):
                 break
     return results

@@ -1,12 +1,14 @@
 """AOTInductor as an inference engine of relmt (issue 33): the network compiled ahead of time into native code by
 PyTorch's own compiler, the search relmt's.
 
-`export_aoti(model, dir)` captures the two graphs of relmt/export/graphs.py with `torch.export` (dynamic batch,
+`export_aoti(model, dir)` captures the graphs of relmt/export/graphs.py with `torch.export` (dynamic batch,
 beam, source and target lengths) and compiles each with `torch._inductor.aoti_compile_and_package` into
-encoder.pt2 and step.pt2, beside aoti.json (the shapes the engine needs). `AotiModel` loads them with
-`torch._inductor.aoti_load_package` and runs them as a `GraphModel`, so every search and decoding option works
-on top of it. The compile needs a C++ compiler (g++ or clang++) and takes tens of seconds per model; the
-packages then run in any process with the same torch version, on the threads torch is given.
+encoder.pt2, step.pt2 and search.pt2 (the step with the beam search's own step: one call per step, issue 44 §7),
+beside aoti.json (the shapes the engine needs). `AotiModel` loads them with `torch._inductor.aoti_load_package`
+and runs them as a `GraphModel`, so every search and decoding option works on top of it (an export without
+search.pt2, made before it existed, runs the search step in Python). The compile needs a C++ compiler (g++ or
+clang++) and takes tens of seconds per graph; the packages then run in any process with the same torch version,
+on the threads torch is given.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ import torch
 from torch import Tensor
 
 from relmt.errors import UserError
-from relmt.export.graphs import EncoderGraph, GraphModel, StepGraph, examples, shape_of
+from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph, examples, search_examples, shape_of
 from relmt.model.transformer import Transformer
 
-FILES = ("encoder.pt2", "step.pt2", "aoti.json")
+FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2, where the export has it
 
 
 def check_compiler() -> str:
@@ -39,16 +41,18 @@ def check_compiler() -> str:
 
 @torch.no_grad()
 def export_aoti(model: Transformer, directory: str | Path) -> Path:
-    """Compile encoder.pt2 and step.pt2 and write aoti.json into `directory`."""
+    """Compile encoder.pt2, step.pt2 and search.pt2 and write aoti.json into `directory`."""
     check_compiler()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = model.float().cpu().eval()
     src, step, encoder_dims, step_dims = examples(model)
+    search, search_dims = search_examples(model)
     with warnings.catch_warnings():  # the compiler's deprecation chatter is not the user's business
         warnings.simplefilter("ignore")
         for name, module, args, dims in (("encoder", EncoderGraph(model), src, encoder_dims),
-                                         ("step", StepGraph(model), step, step_dims)):
+                                         ("step", StepGraph(model), step, step_dims),
+                                         ("search", SearchGraph(model), search, search_dims)):
             program = torch.export.export(module, args, dynamic_shapes=dims)
             tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
             # freezing: the weights become constants, prepacked for oneDNN's GEMMs (1.5x faster decoder steps
@@ -78,9 +82,15 @@ class AotiModel(GraphModel):
             warnings.simplefilter("ignore")
             self.encoder = torch._inductor.aoti_load_package(str(directory / "encoder.pt2"))
             self.step = torch._inductor.aoti_load_package(str(directory / "step.pt2"))
+            if (directory / "search.pt2").is_file():
+                self.search = torch._inductor.aoti_load_package(str(directory / "search.pt2"))
+                self.run_search = self.search_graph
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return tuple(self.encoder(src))
 
     def run_step(self, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return tuple(self.step(*(x.contiguous() for x in inputs)))
+
+    def search_graph(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        return tuple(self.search(*(x.contiguous() for x in inputs)))

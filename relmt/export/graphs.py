@@ -22,15 +22,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from relmt.config import LengthNorm
+from relmt.data.tokenizer import BOS_ID, EOS_ID
+from relmt.decode.beam import Beams, Rules, beam_step
 from relmt.model.cache import DecoderCache, LayerCache
 from relmt.model.transformer import Transformer
 
 STEP_INPUTS = ("tokens", "keep", "cross_k", "cross_v", "self_k", "self_v", "order")
+SEARCH_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "order", "alive", "pool_scores",
+                 "pool_tokens", "limit", "min_len", "lenpen", "power", "t2t", "early_stop")
 
 # Part of the key of every onnx and aoti artefact (relmt/export/engines.py: `dependencies`). Bump it whenever a
 # change to this file (or to the model code the graphs trace) changes what is exported: the graphs' inputs,
 # outputs or what they compute. Artefacts made by the older code then get rebuilt instead of reused.
-GRAPHS_VERSION = 1
+GRAPHS_VERSION = 2  # 2: the search step (SearchGraph)
 
 
 class EncoderGraph(nn.Module):
@@ -60,6 +65,32 @@ class StepGraph(nn.Module):
                 torch.stack([lc.self_v for lc in cache.layers]))
 
 
+class SearchGraph(nn.Module):
+    """`StepGraph` and then relmt.decode.beam.beam_step in one graph: a beam search step that leaves Python
+    once (issue 44 §7). history: (B, K, 1 + t) each hypothesis's tokens; alive, pool_scores (B, K);
+    pool_tokens (B, K, t); limit (B,); then the settings as 0-d tensors (min_len, lenpen, and power, t2t,
+    early_stop as bools). BOS and EOS are relmt's tokenizer's, constants of the graph. Returns the new
+    history, alive, pool_scores, pool_tokens, the row each new hypothesis continues (B*K,) (the next
+    step's order), the self-attention keys and values of the step's hypotheses and which sentences are done."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.step = StepGraph(model)
+        self.pad_id = model.pad_id
+
+    def forward(self, history: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
+                self_v: Tensor, order: Tensor, alive: Tensor, pool_scores: Tensor, pool_tokens: Tensor,
+                limit: Tensor, min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor, early_stop: Tensor,
+                ) -> tuple[Tensor, ...]:
+        b, k = alive.shape
+        logits, self_k, self_v = self.step(history[:, :, -1], keep, cross_k, cross_v, self_k, self_v, order)
+        rules = Rules(EOS_ID, torch.tensor([self.pad_id, BOS_ID]), min_len, lenpen, power, t2t, early_stop)
+        beams, rows, done = beam_step(logits, Beams(history.reshape(b * k, -1), alive, pool_scores, pool_tokens,
+                                                    limit), rules, self.pad_id)
+        return (beams.tokens.view(b, k, -1), beams.alive, beams.pool_scores, beams.pool_tokens, rows, self_k,
+                self_v, done)
+
+
 def shape_of(model: Transformer) -> dict:
     """What an engine needs to know beside its graphs: pad id, decoder layers, heads, head size, vocabulary."""
     first = model.decoder_layers[0].self_attn
@@ -84,6 +115,24 @@ def examples(model: Transformer) -> tuple[tuple, tuple, dict, dict]:
     step_dims = {"tokens": {0: B, 1: K}, "keep": {0: B, 1: S}, "cross_k": {1: B, 3: S}, "cross_v": {1: B, 3: S},
                  "self_k": {1: M, 3: T}, "self_v": {1: M, 3: T}, "order": {0: B, 1: K}}
     return (src,), step, encoder_dims, step_dims
+
+
+def search_examples(model: Transformer) -> tuple[tuple, dict]:
+    """Inputs to trace SearchGraph with, and its dynamic dimensions."""
+    _, step, _, step_dims = examples(model)
+    tokens, keep, cross_k, cross_v, self_k, self_v, order = step
+    b, k = tokens.shape
+    t = self_k.shape[3]
+    history = torch.full((b, k, t + 1), model.pad_id + 4, dtype=torch.long)
+    scores = torch.randn(b, k)
+    search = (history, keep, cross_k, cross_v, self_k, self_v, order, scores, scores.clone(),
+              torch.full((b, k, t), model.pad_id, dtype=torch.long), torch.full((b,), t + 2),
+              torch.tensor(1), torch.tensor(0.6, dtype=torch.float64), *map(torch.tensor, (False, True, False)))
+    B, K, T = step_dims["tokens"][0], step_dims["tokens"][1], step_dims["self_k"][3]
+    dims = {name: step_dims[name] for name in ("keep", "cross_k", "cross_v", "self_k", "self_v", "order")}
+    dims |= {"history": {0: B, 1: K, 2: T + 1}, "alive": {0: B, 1: K}, "pool_scores": {0: B, 1: K},
+             "pool_tokens": {0: B, 1: K, 2: T}, "limit": {0: B}} | {name: None for name in SEARCH_INPUTS[11:]}
+    return search, dims
 
 
 @dataclass(frozen=True)
@@ -137,6 +186,37 @@ class GraphModel:
 
     def run_step(self, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
+
+    run_search = None  # an engine with a SearchGraph: run_search(*inputs in SEARCH_INPUTS order) -> its outputs
+    _settings: tuple = (None, ())  # the last search's Rules and their tensors
+
+    def searches(self, rules: Rules) -> bool:
+        """Whether `search_step` serves a beam search with these rules: the engine has a search graph, and the
+        ids are the ones compiled into it."""
+        return self.run_search is not None and rules.eos_id == EOS_ID and \
+            rules.banned.tolist() == [self.pad_id, BOS_ID]
+
+    def search_step(self, beams: Beams, memory: GraphMemory, src_mask: Tensor, cache: GraphCache | None,
+                    rules: Rules) -> tuple[Beams, Tensor, GraphCache]:
+        """decode_step and relmt.decode.beam.beam_step in one call of the search graph: the beams after the
+        step, which sentences are done, and the cache (the keys and values of the step's hypotheses, and the
+        row each new live beam continues)."""
+        b, k = beams.alive.shape
+        if cache is None:
+            empty = torch.zeros(self.layers, b * k, self.heads, 0, self.d_head)
+            cache = GraphCache(empty, empty)
+        order = cache.order if cache.order is not None else torch.arange(b * k)
+        if self._settings[0] is not rules:  # made once per search, not at every step
+            self._settings = rules, (
+                torch.tensor(rules.min_len), torch.tensor(float(rules.lenpen), dtype=torch.float64),
+                torch.tensor(LengthNorm(rules.power) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
+                torch.tensor(bool(rules.early_stop)))
+        settings = self._settings[1]
+        history, alive, pool_scores, pool_tokens, rows, self_k, self_v, done = self.run_search(
+            beams.tokens.view(b, k, -1), src_mask, memory.cross_k, memory.cross_v, cache.self_k, cache.self_v,
+            order.view(b, k), beams.alive, beams.pool_scores, beams.pool_tokens, beams.limit, *settings)
+        return (Beams(history.view(b * k, -1), alive, pool_scores, pool_tokens, beams.limit), done,
+                GraphCache(self_k, self_v, rows))
 
     def eval(self) -> GraphModel:
         return self

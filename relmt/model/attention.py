@@ -84,15 +84,28 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv_proj(y).chunk(2, dim=-1)
         return rotate(self._split(k), terms.rotary), self._split(v + self.v_bias)
 
+    def project_qkv(self, x: Tensor, terms: PositionTerms = NO_TERMS) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries (as `forward` makes them), keys and values (as `project_kv`) of x
+        (B, n, d_model) in one GEMM over the weights concatenated. For a compiled decoder step, where the
+        concatenation folds into a constant: at one sentence a GEMM call costs about as much as its weights
+        take to read, so two calls cost twice one (issue 44 §7)."""
+        w_q, b_q = self.scaled_query_weights()
+        qkv = F.linear(x, torch.cat((w_q, self.kv_proj.weight)), torch.cat((b_q, self.v_bias.new_zeros(2 * len(b_q)))))
+        q, k, v = qkv.chunk(3, dim=-1)
+        return (rotate(self._split(q), terms.rotary), rotate(self._split(k), terms.rotary),
+                self._split(v + self.v_bias))
+
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                causal: bool = False, q_offset: int = 0, terms: PositionTerms = NO_TERMS) -> Tensor:
+                causal: bool = False, q_offset: int = 0, terms: PositionTerms = NO_TERMS,
+                q: Tensor | None = None) -> Tensor:
         """x: (B, n, d_model) queries; k, v: (B, H, m, D); mask: bool keep-mask broadcastable
         to (B, 1, n, m). Query row i is position i + q_offset (for relative distances and
-        causality); `terms` are the stack's rotation and logits bias for these positions.
-        Returns (B, n, d_model)."""
+        causality); `terms` are the stack's rotation and logits bias for these positions; q: the
+        queries (B, H, n, D) where `project_qkv` made them. Returns (B, n, d_model)."""
         # The 1/sqrt(d_z) of Shaw eq. (4) is folded into W^Q and b^Q: a (d, d) multiply instead of
         # a scaled copy of q, and both terms of e_ij get it. The fused kernels then use scale=1.
-        q = rotate(self._split(F.linear(x, *self.scaled_query_weights())), terms.rotary)  # (B, H, n, D)
+        if q is None:
+            q = rotate(self._split(F.linear(x, *self.scaled_query_weights())), terms.rotary)  # (B, H, n, D)
         n, m = q.shape[2], k.shape[2]
         p = self.dropout if self.training else 0.0
         if (self.rel is not None or terms.bias is not None) and (route := routes.choose(q, m, p)) != "reference":

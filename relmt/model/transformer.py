@@ -19,7 +19,16 @@ from relmt.config import ModelConfig, Norm, PosKind
 from relmt.dropout import Dropout
 from relmt.model.attention import MultiHeadAttention
 from relmt.model.cache import DecoderCache, LayerCache, extend
-from relmt.model.positions import NO_TERMS, ALiBi, PositionTerms, RelativePositions, Rotary, T5Bias, sinusoidal_encoding
+from relmt.model.positions import (
+    NO_TERMS,
+    ALiBi,
+    PositionTerms,
+    RelativePositions,
+    Rotary,
+    T5Bias,
+    in_graph,
+    sinusoidal_encoding,
+)
 
 
 class FeedForward(nn.Module):
@@ -93,10 +102,14 @@ class DecoderLayer(nn.Module):
         Returns the layer output and the self-attention keys/values of all t + n positions."""
         offset = 0 if past is None else past[0].shape[2]
         h = self.norm1(x) if self.pre_norm else x
-        k, v = self.self_attn.project_kv(h, terms)  # (B, H, n, D)
+        q = None
+        if past is not None and in_graph():
+            q, k, v = self.self_attn.project_qkv(h, terms)  # a compiled step: one GEMM (B, H, n, D) each
+        else:
+            k, v = self.self_attn.project_kv(h, terms)  # (B, H, n, D)
         if past is not None:
             k, v = extend(past[0], k, past_order), extend(past[1], v, past_order)
-        y = self.self_attn(h, k, v, mask=self_mask, causal=True, q_offset=offset, terms=terms)
+        y = self.self_attn(h, k, v, mask=self_mask, causal=True, q_offset=offset, terms=terms, q=q)
         x = residual(x, y, self.dropout, self.norm1, self.pre_norm)
         h = self.norm2(x) if self.pre_norm else x
         # Cross-attention has no positions (Shaw §3), so the K hypotheses of one sentence (rows

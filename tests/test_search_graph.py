@@ -1,0 +1,84 @@
+"""The search step as one graph (issue 44 §7): relmt/export/graphs.py's SearchGraph runs a decoder step and
+relmt.decode.beam.beam_step with the settings as tensors, so that an engine leaves Python once per step. Run
+eagerly here (no compiler: tests/test_engines.py compiles it with AOTInductor), a beam search through it must
+give what beam_search gives on the model itself, for every setting the graph takes as an input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relmt.config import PosKind
+from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from relmt.decode.beam import beam_search
+from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph, shape_of
+from tests.tiny_checkpoints import model_config, random_model
+
+VOCAB = 40
+
+
+class EagerGraphs(GraphModel):
+    """An engine whose graphs run uncompiled, counting the calls of each."""
+
+    def __init__(self, model) -> None:
+        super().__init__(shape_of(model))
+        self.graphs = {"encoder": EncoderGraph(model), "step": StepGraph(model), "search": SearchGraph(model)}
+        self.calls = {name: 0 for name in self.graphs}
+
+    def call(self, name: str, *inputs):
+        self.calls[name] += 1
+        with torch.no_grad():
+            return tuple(self.graphs[name](*inputs))
+
+    def run_encoder(self, src):
+        return self.call("encoder", src)
+
+    def run_step(self, *inputs):
+        return self.call("step", *inputs)
+
+    def run_search(self, *inputs):
+        return self.call("search", *inputs)
+
+
+def sources() -> torch.Tensor:
+    torch.manual_seed(0)
+    src = torch.randint(4, VOCAB, (3, 7))
+    src[1, 4:] = PAD_ID  # sentences of different lengths, so that they finish at different steps
+    src[2, 2:] = PAD_ID
+    src[1, 3] = src[2, 1] = src[0, 6] = EOS_ID
+    return src
+
+
+SETTINGS = {
+    "t2t": {},
+    "fairseq": {"eos_candidates": "fairseq", "beam": 2, "nbest": 2},
+    "greedy": {"beam": 1, "nbest": 1, "early_stop": True, "eos_candidates": "fairseq"},
+    "power, early stop, min_len": {"lenpen": 1.0, "length_norm": "power", "early_stop": True, "min_len": 3},
+    "lenpen 0, a long limit": {"lenpen": 0.0, "max_len_a": 2.0, "max_len_b": 3},
+}
+
+
+@pytest.mark.parametrize("positions", [PosKind.rel, PosKind.abs, PosKind.t5])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_search_through_the_search_graph_equals_beam_search(positions, setting):
+    model = random_model(model_config(positions=positions), VOCAB, seed=1)
+    options = {"beam": 4, "nbest": 4, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 4} | SETTINGS[setting]
+    mine = beam_search(model, sources(), bos_id=BOS_ID, eos_id=EOS_ID, **options)
+    graphs = EagerGraphs(model)
+    theirs = beam_search(graphs, sources(), bos_id=BOS_ID, eos_id=EOS_ID, **options)
+    assert graphs.calls["search"] > 0 and graphs.calls["step"] == 0  # one call per step, no other
+    for a, b in zip(mine, theirs, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b], setting
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+    assert sum(map(len, mine)) == len(mine) * options["nbest"]  # full pools were compared
+
+
+def test_other_ids_than_the_graphs_go_step_by_step():
+    """BOS and EOS are constants of the search graph: a search with other ids decodes through the step graph
+    and beam_step in Python, and still equals beam_search."""
+    model = random_model(model_config(), VOCAB, seed=1)
+    options = {"beam": 3, "nbest": 3, "max_len_a": 1.0, "max_len_b": 4, "bos_id": BOS_ID, "eos_id": EOS_ID + 5}
+    graphs = EagerGraphs(model)
+    mine, theirs = beam_search(model, sources(), **options), beam_search(graphs, sources(), **options)
+    assert graphs.calls["search"] == 0 and graphs.calls["step"] > 0
+    assert [[h.tokens for h in a] for a in mine] == [[h.tokens for h in b] for b in theirs]
