@@ -80,17 +80,24 @@ class AotiModel(GraphModel):
         super().__init__(meta)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.encoder = torch._inductor.aoti_load_package(str(directory / "encoder.pt2"))
-            self.step = torch._inductor.aoti_load_package(str(directory / "step.pt2"))
+            self.encoder, self.step = (flat_call(directory / f"{name}.pt2") for name in ("encoder", "step"))
             if (directory / "search.pt2").is_file():
-                self.search = torch._inductor.aoti_load_package(str(directory / "search.pt2"))
-                self.run_search = self.search_graph
+                self.run_search = flat_call(directory / "search.pt2")
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return tuple(self.encoder(src))
+        return self.encoder(src)
 
     def run_step(self, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return tuple(self.step(*(x.contiguous() for x in inputs)))
+        return self.step(*inputs)
 
-    def search_graph(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        return tuple(self.search(*(x.contiguous() for x in inputs)))
+
+def flat_call(path: Path):
+    """The package at `path` as a function of contiguous tensors to a tuple of tensors. relmt's graphs take and
+    return flat tensors, so it calls the package's loader directly (`boxed_run`) where it has one: the package's own
+    __call__ parses its input and output specs and (un)flattens them at every call, a cost of the same order as the
+    search's other Python work per step at one sentence."""
+    package = torch._inductor.aoti_load_package(str(path))
+    loader = getattr(package, "loader", None)
+    if loader is None or not hasattr(loader, "boxed_run"):  # another torch's package API
+        return lambda *inputs: tuple(package(*(x.contiguous() for x in inputs)))
+    return lambda *inputs: tuple(loader.boxed_run([x.contiguous() for x in inputs]))
