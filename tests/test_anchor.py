@@ -75,3 +75,32 @@ def test_the_anchor_page_scores_runs_in_wus_metric_and_checks_the_metric(tmp_pat
                                   {"positions": "rel", "scores": [39.0], "range": 0.0}]
     assert "| abs | 38.00, 37.25 | 0.75 |" in text
     assert "wu2021_abs_s1 is 0.48 above the published figure: within the 0.75 that relmt's abs recipe runs" in text
+
+
+def test_the_anchor_page_gives_the_means_over_seeds_and_rel_against_abs_seed_by_seed(tmp_path):
+    """Issue 46: the mean of each kind's seeds against its goal, and rel against abs with the paired bootstrap of
+    the other reports, seed s against seed s in sacreBLEU -lc, with the verdict of "rel ≥ abs" and of its swap."""
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    good = [f"ein mann mit einem roten hut steht vor dem haus nummer {i} ." for i in range(60)]
+    (refs / "test.de").write_text("".join(f"{x.capitalize()}\n" for x in good))
+    bad = [" ".join(x.split()[:3]) + " ." for x in good]
+    scores = {("abs", 1): 40.0, ("abs", 2): 41.0, ("rel", 1): 42.0, ("rel", 2): 43.0}
+    for (kind, seed), score in scores.items():
+        run = tmp_path / "runs" / f"wu2021_{kind}_s{seed}"
+        (run / "translations").mkdir(parents=True)
+        (run / "translations" / "test.de").write_text("".join(f"{x}\n" for x in (good if kind == "rel" else bad)))
+        (run / "config.yaml").write_text(f"model:\n  positions: {kind}\n")
+        (run / "metrics.json").write_text(json.dumps({"status": "completed", "steps": 10, "wall_seconds": 1,
+                                                      "test": {"test": {"lowercased_bleu": score}}}))
+    page = tmp_path / "anchor.md"
+    page.write_text("# Anchor\n")
+    ar.main(["--runs", str(tmp_path / "runs"), "--multi30k", str(refs), "--page", str(page),
+             "--seeds", str(tmp_path / "none")])
+    text, doc = page.read_text(), json.loads(page.with_suffix(".json").read_text())
+    assert [(m["positions"], m["seeds"], m["mean_wu"], m["range_wu"], m["goal_met"]) for m in doc["means"]] == [
+        ("abs", [1, 2], 40.5, 1.0, False), ("rel", [1, 2], 42.5, 1.0, True)]
+    assert "| abs | 1, 2 | 40.50 |" in text and "| rel | 1, 2 | 42.50 |" in text
+    pairs = doc["rel_against_abs"]
+    assert [p["seed"] for p in pairs] == [1, 2] and all(p["system"] > 99.9 and p["low"] > 0 for p in pairs)
+    assert "**rel ≥ abs: held** (abs ≥ rel: did not hold), from 2 seed pairs" in text

@@ -28,8 +28,10 @@ import yaml
 from sacrebleu.metrics import BLEU
 
 from relmt.data.sources import read_lines
-from relmt.evaluate.metrics import tokenized_bleu
+from relmt.evaluate.metrics import paired_bootstrap, tokenized_bleu
 from relmt.host import host
+from relmt.report.significance import ALPHA, SEED, PairTest
+from relmt.report.verdicts import AHEAD, RULES, verdict
 
 PUBLISHED = 41.02  # Wu et al. (2021), Transformer-tiny, test2016, their metric
 GOALS = {"abs": 41.0, "rel": 41.5}  # issue 30: match the published system; the moonshot for rel
@@ -85,6 +87,42 @@ def run_rows(runs: Path, multi30k: Path) -> list[dict]:
     return rows
 
 
+def seed_of(run: str) -> int | None:
+    found = re.search(r"_s(\d+)$", run)
+    return int(found.group(1)) if found else None
+
+
+def means(rows: list[dict]) -> list[dict]:
+    """Per position kind: the mean over its seeds of test2016 in Wu et al.'s metric and in sacreBLEU -lc, and the
+    seed-to-seed range, against the goal."""
+    out = []
+    for positions, goal in GOALS.items():
+        kind = [r for r in rows if r["positions"] == positions and r["test_wu"] is not None]
+        if kind:
+            wu = [r["test_wu"] for r in kind]
+            sacre = [r["test_sacrebleu_lc"] for r in kind if r.get("test_sacrebleu_lc") is not None]
+            out.append({"positions": positions, "seeds": [seed_of(r["run"]) for r in kind],
+                        "mean_wu": sum(wu) / len(wu), "mean_sacrebleu_lc": sum(sacre) / len(sacre) if sacre else None,
+                        "range_wu": max(wu) - min(wu), "goal": goal, "goal_met": sum(wu) / len(wu) >= goal})
+    return out
+
+
+def rel_against_abs(runs: Path, multi30k: Path) -> list[PairTest]:
+    """Seed s of rel against seed s of abs on test2016: the paired bootstrap of the other reports
+    (relmt.report.significance), one PairTest per seed both have, in sacreBLEU -lc (the recipe's data is
+    lowercased, so its outputs are: hypotheses and references both lowercased, as sacreBLEU's lowercase=True does)."""
+    refs = multi30k / "test.de"
+    found = {(r.name.split("_")[1], seed_of(r.name)): r for r in runs.glob("wu2021_*_s*")
+             if (r / "translations" / "test.de").is_file()} if runs.is_dir() and refs.is_file() else {}
+    tests = []
+    for seed in sorted({s for kind, s in found if kind == "abs"} & {s for kind, s in found if kind == "rel"}):
+        abs_, rel, ref = ([x.lower() for x in read_lines(path)] for path in (
+            found["abs", seed] / "translations" / "test.de", found["rel", seed] / "translations" / "test.de", refs))
+        r = paired_bootstrap(abs_, rel, ref, n_samples=N_BOOTSTRAP, seed=SEED, alpha=ALPHA)
+        tests.append(PairTest(seed, r["baseline"], r["system"], r["low"], r["high"], r["p_value"]))
+    return tests
+
+
 def seed_spread(seeds: Path) -> list[dict]:
     """Per position kind: each seed's test2016 score in Wu et al.'s metric, from Table 1's recipe runs."""
     rows = []
@@ -100,7 +138,8 @@ def fmt(x) -> str:
     return "–" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
 
 
-def section(rows: list[dict], check: list[dict], spread: list[dict], command: str) -> str:
+def section(rows: list[dict], check: list[dict], spread: list[dict], command: str, summary: list[dict],
+            pairs: list[PairTest]) -> str:
     hw = host()
     head = ["run", "positions", "updates", "hours", *(f"{label} (Wu's metric)" for label, _ in SPLITS.values()),
             *(f"{label} sacreBLEU -lc" for label, _ in SPLITS.values()), "goal on test2016", "met"]
@@ -138,6 +177,24 @@ def section(rows: list[dict], check: list[dict], spread: list[dict], command: st
                      f"{'within' if within else 'beyond'} the {ranges[r['positions']]:.2f} that relmt's "
                      f"{r['positions']} recipe runs move seed to seed (below), and the published figure is "
                      f"{'inside' if r.get('published_inside_ci') else 'outside'} its 95% interval."]
+    if summary:
+        text += ["", "### Means over seeds", "",
+                 "| positions | seeds | test2016 (Wu's metric), mean | sacreBLEU -lc, mean | seed-to-seed range | goal "
+                 "| met |",
+                 "|---|---|---|---|---|---|---|",
+                 *(f"| {m['positions']} | {', '.join(map(str, m['seeds']))} | {m['mean_wu']:.2f} | "
+                   f"{fmt(m['mean_sacrebleu_lc'])} | {m['range_wu']:.2f} | ≥ {fmt(m['goal'])} | "
+                   f"{'yes' if m['goal_met'] else '**no**'} |" for m in summary)]
+    if pairs:
+        claim, swapped = verdict(pairs, AHEAD), verdict([PairTest(t.seed, t.system, t.baseline, -t.high, -t.low,
+                                                                  t.p_value) for t in pairs], AHEAD)
+        text += ["", "### rel against abs at the published recipe", "",
+                 f"Seed s of rel against seed s of abs on test2016, sacreBLEU -lc (13a) with the paired bootstrap "
+                 f"({N_BOOTSTRAP} resamples) of the other reports. **rel ≥ abs: {claim}** (abs ≥ rel: {swapped}), "
+                 f"from {len(pairs)} seed pair{'s' * (len(pairs) > 1)}.", "",
+                 "| seed | abs | rel | rel − abs | 95% interval | p |", "|---|---|---|---|---|---|",
+                 *(f"| {t.seed} | {t.baseline:.2f} | {t.system:.2f} | {t.difference:+.2f} | {t.low:+.2f} to "
+                   f"{t.high:+.2f} | {t.p_value:.3f} |" for t in pairs), "", RULES]
     if spread:
         text += ["", "Seed to seed, relmt's Multi30k recipe (`experiment=multi30k_cpu`, 3,000 updates, Table 1's "
                  "runs) moves this much on test2016 in the same metric:", "",
@@ -167,12 +224,15 @@ def main(argv: list[str] | None = None) -> None:
     spread = seed_spread(args.seeds)
     command = "python scripts/reproduce/anchor_report.py" + (f" --wu {args.wu}" if args.wu else "")
     page = args.page.read_text()
-    new = section(rows, check, spread, command)
+    summary, pairs = means(rows), rel_against_abs(args.runs, args.multi30k)
+    new = section(rows, check, spread, command, summary, pairs)
     page = MARK.sub(lambda _: new, page) if MARK.search(page) else page.rstrip("\n") + "\n\n" + new + "\n"
     args.page.write_text(page)
     args.page.with_suffix(".json").write_text(json.dumps({"command": command, "host": host(), "published": PUBLISHED,
-                                                          "runs": rows, "metric_check": check,
-                                                          "seed_spread": spread}, indent=2) + "\n")
+                                                          "runs": rows, "means": summary,
+                                                          "rel_against_abs": [vars(t) for t in pairs],
+                                                          "metric_check": check, "seed_spread": spread},
+                                                         indent=2) + "\n")
     print(new)
 
 
