@@ -82,3 +82,25 @@ def test_other_ids_than_the_graphs_go_step_by_step():
     mine, theirs = beam_search(model, sources(), **options), beam_search(graphs, sources(), **options)
     assert graphs.calls["search"] == 0 and graphs.calls["step"] > 0
     assert [[h.tokens for h in a] for a in mine] == [[h.tokens for h in b] for b in theirs]
+
+
+def test_an_aoti_export_without_the_search_graph_searches_in_python(tmp_path, monkeypatch):
+    """A `relmt-export format=aoti` folder made before search.pt2 existed still loads, and its searches run
+    beam_step in Python; with search.pt2 the engine takes relmt's ids (no compiler: the packages are stand-ins)."""
+    import json
+
+    import torch._inductor
+
+    from relmt.decode.beam import Rules
+    from relmt.export.aoti import AotiModel
+
+    model = random_model(model_config(), VOCAB, seed=1)
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda path: (lambda *args: args))
+    (tmp_path / "aoti.json").write_text(json.dumps(shape_of(model) | {"torch": torch.__version__}))
+    for name in ("encoder.pt2", "step.pt2"):
+        (tmp_path / name).write_bytes(b"package")
+    rules = Rules(EOS_ID, torch.tensor([PAD_ID, BOS_ID]), 0, 0.6, "gnmt", True, False)
+    assert AotiModel(tmp_path).run_search is None and not AotiModel(tmp_path).searches(rules)
+    (tmp_path / "search.pt2").write_bytes(b"package")
+    engine = AotiModel(tmp_path)
+    assert engine.searches(rules) and not engine.searches(Rules(EOS_ID + 1, *list(vars(rules).values())[1:]))
