@@ -47,7 +47,7 @@ def length_penalty(length: Tensor | float, alpha: float | Tensor, norm: LengthNo
                    ) -> Tensor | float:
     """What a hypothesis's log-probability is divided by (|y| counts its EOS): GNMT (Wu et al. 2016, eq. 14)
     ((5 + |y|) / 6)^alpha, or |y|^alpha (`power`: fairseq's --lenpen, CTranslate2, Marian)."""
-    if isinstance(norm, Tensor):  # a compiled search step's input (`Rules.power`): True for power
+    if isinstance(norm, Tensor):  # a compiled search step's input (`Rules.norm`): True for power
         return torch.where(norm, length ** alpha, ((5.0 + length) / 6.0) ** alpha)
     if LengthNorm(norm) == LengthNorm.power:
         return length ** alpha
@@ -167,7 +167,7 @@ class Rules:
     banned: Tensor  # ids never chosen (padding, BOS); EOS neither before min_len
     min_len: int | Tensor
     lenpen: float | Tensor
-    power: LengthNorm | str | Tensor  # the length normalisation; as a tensor: True for power
+    norm: LengthNorm | str | Tensor  # the length normalisation; as a tensor: True for power
     t2t: bool | Tensor  # which EOS candidates finish (EosCandidates)
     early_stop: bool | Tensor
 
@@ -203,7 +203,7 @@ def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[
     keep, finishing = live_and_finishing(cand, token, last, rules.eos_id, rules.t2t)
     rows = torch.arange(m, device=cand.device)[:, None] * k + origin  # (m, 2K) rows of `tokens`
     seqs = torch.cat((beams.tokens[rows.view(-1), 1:].view(m, 2 * k, t), token[:, :, None]), dim=2)
-    normalised = cand / length_penalty(t + 1, rules.lenpen, rules.power)  # t + 1: an int, or symbolic in a graph
+    normalised = cand / length_penalty(t + 1, rules.lenpen, rules.norm)  # t + 1: an int, or symbolic in a graph
     pool_tokens = torch.cat((beams.pool_tokens, beams.pool_tokens.new_full((m, k, 1), pad_id)), dim=2)
     pool_scores, pool_tokens = merge_finished(beams.pool_scores, pool_tokens,
                                               normalised.masked_fill(~finishing, float("-inf")), seqs)
@@ -211,7 +211,7 @@ def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[
     rows = rows.gather(1, keep).view(-1)
     tokens = torch.cat((beams.tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
     done = last[:, 0] | pick(rules.early_stop, lambda: torch.isfinite(pool_scores).all(1),
-                             lambda: can_stop(pool_scores, alive, beams.limit, rules.lenpen, rules.power))
+                             lambda: can_stop(pool_scores, alive, beams.limit, rules.lenpen, rules.norm))
     return Beams(tokens, alive, pool_scores, pool_tokens, beams.limit), rows, done
 
 

@@ -209,7 +209,7 @@ class GraphModel:
         if self._settings[0] is not rules:  # made once per search, not at every step
             self._settings = rules, (
                 torch.tensor(rules.min_len), torch.tensor(float(rules.lenpen), dtype=torch.float64),
-                torch.tensor(LengthNorm(rules.power) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
+                torch.tensor(LengthNorm(rules.norm) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
                 torch.tensor(bool(rules.early_stop)))
         settings = self._settings[1]
         history, alive, pool_scores, pool_tokens, rows, self_k, self_v, done = self.run_search(
