@@ -188,32 +188,36 @@ class OnmtServer(ServerProcess):
         return [{"src": sentence, "id": cls.ID}]
 
     @staticmethod
-    def ok(response) -> bool:  # onmt_server answers its errors with 200 and {"error": ...}
-        return response.status_code == 200 and isinstance(response.json(), list)
+    def ok(status: int, answer) -> bool:  # onmt_server answers its errors with 200 and {"error": ...}
+        return status == 200 and isinstance(answer, list)
 
     @staticmethod
-    def words(response) -> int:
-        return len(response.json()[0][0]["tgt"].split())
+    def words(answer) -> int:
+        return len(answer[0][0]["tgt"].split())
 
 
 def relmt_body(sentence: str) -> dict:
     return {"text": sentence}
 
 
-def relmt_ok(response) -> bool:
-    return response.status_code == 200
+def relmt_ok(status: int, answer) -> bool:
+    return status == 200
 
 
-def relmt_words(response) -> int:
-    return len(response.json()["translations"][0].split())
+def relmt_words(answer) -> int:
+    return len(answer["translations"][0].split())
 
 
 async def drive(url: str, sentences: list[str], clients: int, requests: int, seconds: float,
                 path: str = "/v1/translate", body=relmt_body, ok=relmt_ok, words=relmt_words) -> dict:
     """`clients` concurrent clients, each one request (one sentence) at a time, until `requests` have
-    been sent or `seconds` have passed; `body(sentence)` is the JSON posted to url + path, `ok(response)`
-    whether it was answered, `words(response)` the words of its translation."""
-    import httpx
+    been sent or `seconds` have passed; `body(sentence)` is the JSON posted to url + path, `ok(status, answer)`
+    whether it was answered (answer: the decoded JSON), `words(answer)` the words of its translation.
+
+    The clients are aiohttp's, on one event loop in this process: the load generator shares the machine's cores
+    with the server, and httpx's asynchronous client spent more of them per request (its CPU time came off the
+    server's; scripts/bench/README.md)."""
+    import aiohttp
 
     latencies: list[float] = []
     lengths: list[int] = []
@@ -221,25 +225,26 @@ async def drive(url: str, sentences: list[str], clients: int, requests: int, sec
     sent = 0
     deadline = time.monotonic() + seconds
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(http: aiohttp.ClientSession) -> None:
         nonlocal sent
         while sent < requests and time.monotonic() < deadline:
             sentence = sentences[sent % len(sentences)]
             sent += 1
             t = time.perf_counter()
             try:
-                r = await http.post(url + path, json=body(sentence))
-                key = None if ok(r) else str(r.status_code)
-            except httpx.HTTPError as e:
+                async with http.post(url + path, json=body(sentence)) as r:
+                    answer = await r.json(content_type=None)
+                    key = None if ok(r.status, answer) else str(r.status)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
                 key = type(e).__name__
             if key is None:
                 latencies.append(time.perf_counter() - t)
-                lengths.append(words(r))
+                lengths.append(words(answer))
             else:
                 errors[key] = errors.get(key, 0) + 1
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - start
