@@ -19,6 +19,10 @@ import sentencepiece as spm
 from relmt.errors import UserError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# sentencepiece's call on a list costs tens of microseconds before its first sentence (its thread pool and
+# argument handling), its call on one sentence a few: lists up to this long go one sentence at a time (a
+# server's request, a sentence translated alone), longer ones in one call over spm's threads
+ONE_BY_ONE = 64
 
 
 def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model_type: str,
@@ -90,9 +94,13 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     def encode(self, texts: list[str]) -> list[list[int]]:
+        if len(texts) <= ONE_BY_ONE:
+            return [self.sp.encode(text, out_type=int) for text in texts]
         return self.sp.encode(texts, out_type=int)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
+        if len(ids) <= ONE_BY_ONE:
+            return [self.sp.decode(x) for x in ids]
         return self.sp.decode(ids)
 
     def model_bytes(self) -> bytes:
