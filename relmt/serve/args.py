@@ -31,7 +31,10 @@ class ServeArgs:
     # the scheduler (relmt/serve/batcher.py)
     queue_size: int = 256  # sentences waiting for the decoder; a request that does not fit gets 503 + Retry-After
     max_batch_tokens: int = 2000  # source tokens (sentencepiece pieces) gathered into one batch
-    max_wait_ms: float = 5.0  # how long the first sentence of a batch waits for others to join it
+    # how long the first queued sentence waits for others to join it: each group costs an encoder pass and,
+    # under continuous batching, a copy of the caches, so a group of several sentences beats a small one at every
+    # step; a lone client never waits (docs/serving.md)
+    max_wait_ms: float = 30.0
     # join new sentences into the running beam search between two steps (relmt/decode/continuous.py); false, or
     # engine != torch, an ensemble, RoPE or sampling: batch after batch, waiting up to max_wait_ms to gather one
     continuous: bool = True

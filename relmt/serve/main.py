@@ -18,7 +18,7 @@ from relmt.errors import UserError
 
 USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ctranslate2] [device=auto]\n"
          "            [host=127.0.0.1] [port=8000] [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000]\n"
-         "            [max_beam=8] [max_connections=1024] [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=5]\n"
+         "            [max_beam=8] [max_connections=1024] [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=30]\n"
          "            [continuous=true] [threads=0] [max_len_a=] [max_len_b=] [min_len=] [shutdown_deadline_s=30]\n"
          "            [log_level=warning]\n"
          "Serve translations over HTTP: POST /v1/translate {\"text\": [...], \"options\": {\"beam\": 4}},\n"

@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-seconds", type=float, default=120, help="time per level (and per reference), at most")
     parser.add_argument("--single-n", type=int, default=100, help="sentences decoded one at a time offline")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--max-wait-ms", type=float, default=30.0, help="relmt-serve's max_wait_ms (its default)")
     parser.add_argument("--batching", nargs="+", choices=["continuous", "batch"], default=["continuous", "batch"])
     parser.add_argument("--fixed-length", type=int, default=0, help="force every hypothesis to N tokens (0: off)")
     parser.add_argument("--onmt-model", type=Path, default=None, help="an OpenNMT-py checkpoint for onmt_server")
