@@ -1,4 +1,4 @@
-"""relmt's network as two graphs for an inference engine (issue 33), and the stand-in the searches decode with.
+"""relmt's network as graphs for an inference engine (issue 33), and the stand-in the searches decode with.
 
 An engine (relmt/export/onnx.py, relmt/export/aoti.py) compiles two modules traced from the model itself:
 - `EncoderGraph`: source ids (B, S) -> the keep-mask (B, S) and every decoder layer's cross-attention keys and
@@ -6,13 +6,16 @@ An engine (relmt/export/onnx.py, relmt/export/aoti.py) compiles two modules trac
 - `StepGraph`: one `Transformer.decode_step` on the explicit state: tokens (B, K), the keep-mask, the cross keys
   and values, the self-attention keys and values of the t positions so far (L, N', H, t, D) and `order` (B, K),
   the stored row each hypothesis continues; it returns the logits (N, V) and the keys and values of the
-  t + 1 positions (L, N, H, t + 1, D).
+  t + 1 positions (L, N, H, t + 1, D);
+- `SearchGraph` (aoti only): `StepGraph` and the beam search's own step (relmt.decode.beam.beam_step) in one
+  graph, so that a beam search step leaves Python once (issue 44 §7).
 Every position mode goes through the same graphs: Shaw's per-head and shared tables (which CTranslate2
 cannot hold), rope, alibi and t5 included.
 
 `GraphModel` offers what the searches use of a `Transformer` (pad_id, encode, decode_step, eval), with
 `GraphMemory` and `GraphCache` as its decoding state, so beam search, sampling, n-best, the t2t/fairseq EOS
-rules and ensembles run unchanged on top of any engine; an engine supplies `run_encoder` and `run_step`.
+rules and ensembles run unchanged on top of any engine; an engine supplies `run_encoder` and `run_step`, and
+may supply `run_search`, which beam_search then calls through `search_step` instead of decode_step + beam_step.
 """
 
 from __future__ import annotations
