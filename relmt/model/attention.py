@@ -90,10 +90,9 @@ class MultiHeadAttention(nn.Module):
         concatenation folds into a constant: at one sentence a GEMM call costs about as much as its weights
         take to read, so two calls cost twice one (issue 44 §7)."""
         w_q, b_q = self.scaled_query_weights()
-        qkv = F.linear(x, torch.cat((w_q, self.kv_proj.weight)), torch.cat((b_q, self.v_bias.new_zeros(2 * len(b_q)))))
-        q, k, v = qkv.chunk(3, dim=-1)
-        return (rotate(self._split(q), terms.rotary), rotate(self._split(k), terms.rotary),
-                self._split(v + self.v_bias))
+        bias = torch.cat((b_q, torch.zeros_like(b_q), self.v_bias))  # no key bias (see __init__)
+        q, k, v = F.linear(x, torch.cat((w_q, self.kv_proj.weight)), bias).chunk(3, dim=-1)
+        return rotate(self._split(q), terms.rotary), rotate(self._split(k), terms.rotary), self._split(v)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, q_offset: int = 0, terms: PositionTerms = NO_TERMS,

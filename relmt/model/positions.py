@@ -89,7 +89,11 @@ class RelativePositions(nn.Module):
         labels of the index gives (B, H, n, m).
         """
         assert self.w_k is not None
-        if q.shape[2] == 1 and in_graph():  # a compiled decoder step: see _one_row
+        if q.shape[2] == 1 and in_graph():
+            # A compiled decoder step (one query row): a broadcast multiply and a sum over (B, H, 1, 2k+1, D)
+            # elements, which the compiler (engine=aoti) computes in its own fused loops, instead of a batched
+            # GEMM call for a (4, 64) x (64, 2k+1) product (issue 44 §7). Eager torch would write that product
+            # out, so it keeps the einsum; value_term does the same.
             r = (q[:, :, :, None, :] * self.w_k[None, :, None]).sum(-1)  # (B, H, 1, 2k+1)
         else:
             r = _per_label(q, self.w_k, "bhnd,hrd->bhnr", "bhnd,rd->bhnr")  # (B, H, n, 2k+1)
@@ -105,15 +109,9 @@ class RelativePositions(nn.Module):
         assert self.w_v is not None
         buckets = attn.new_zeros(*attn.shape[:-1], self.w_v.shape[1])  # (B, H, n, 2k+1)
         buckets.scatter_add_(-1, index.expand_as(attn), attn)
-        if attn.shape[2] == 1 and in_graph():  # a compiled decoder step: see _one_row
+        if attn.shape[2] == 1 and in_graph():  # a compiled decoder step: see key_logits
             return (buckets[..., None] * self.w_v[None, :, None]).sum(-2)  # (B, H, 1, D)
         return _per_label(buckets, self.w_v, "bhnr,hrd->bhnd", "bhnr,rd->bhnd")  # (B, H, n, D)
-
-
-# _one_row: in a compiled decoder step (one query row), the table products are written as a broadcast multiply
-# and a sum over (B, H, 1, 2k+1, D) elements instead of a matrix product: the compiler (engine=aoti) computes
-# them inside its own fused loops instead of calling a batched GEMM for a (4, 64) x (64, 2k+1) product, two such
-# calls per decoder layer (issue 44 §7). Eager torch would write that product out, so it keeps the einsum.
 
 
 def in_graph() -> bool:
