@@ -122,7 +122,8 @@ def advance(model: Transformer, run: Running, cfg: DecodeConfig, bos_id: int, eo
     early_stop = cfg.early_stop or greedy
     slot = run.tokens.shape[1] - 1
     t = slot - run.starts  # (n,) steps each sentence has taken
-    rows_start = run.starts.repeat_interleave(k)
+    # while every sentence began at slot 0 (one decoded alone, say), the step needs no mask of empty slots
+    rows_start = run.starts.repeat_interleave(k) if bool(run.starts.any()) else None
     logits, cache = model.decode_step(run.tokens[:, -1], run.memory, run.src_mask, run.cache, step=slot,
                                       out_weight=out_weight, starts=rows_start)
     n, device = run.alive.shape[0], run.tokens.device

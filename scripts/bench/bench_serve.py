@@ -12,7 +12,9 @@ the same model and settings as references. Run it alone on the machine.
   queue_size large enough for every client. Each level sends at most --requests requests and stops
   after --max-seconds; a client sends its next request when its last is answered.
 - References, in this process before the server starts, on the same threads: the Translator decoding
-  the sentences 32 per batch (decode.max_sentences=32, relmt-translate's batching), and one at a time.
+  the sentences 32 per batch (decode.max_sentences=32, relmt-translate's batching), and one at a time: the
+  sentences that a level sends, in its order (--single-n of them, default --requests), so that the 1-client
+  level's p50 and the offline p50 are medians over the same sentences.
 - --fixed-length N: every hypothesis exactly N tokens (relmt-serve min_len=N max_len_a=0 max_len_b=N, the
   references alike), as scripts/peers/bench_peers.sh forces them, so that two models decode the same work
   whatever they learned.
@@ -22,7 +24,7 @@ the same model and settings as references. Run it alone on the machine.
 - Each --batching mode in turn (default both: continuous, the server's default, then batch by batch,
   relmt-serve continuous=false), in the same run.
 - Reported per mode and level: sentences/s, p50/p95/p99 latency, errors; and the issue's ratios, of the
-  first mode. Writes
+  first mode, with the floor that Little's law puts under the p99 ratio (`goals`). Writes
   --json and --md (default docs/results/performance/serve_cpu.json and .md).
 Loops are bounded in count and time, and every request goes to 127.0.0.1 only.
 """
@@ -73,8 +75,14 @@ def fixed_length(opts: argparse.Namespace) -> dict:
     return dict(min_len=n, max_len_a=0.0, max_len_b=n) if n else {}
 
 
+def sent(sentences: list[str], n: int) -> list[str]:
+    """The first n sentences that a level sends, in order (`drive`: request i sends sentence i mod len)."""
+    return [sentences[i % len(sentences)] for i in range(n)]
+
+
 def offline(opts: argparse.Namespace, sentences: list[str]) -> dict:
-    """Sentences/s of the Translator at 32 sentences per batch, and seconds per sentence one at a time."""
+    """Sentences/s of the Translator at 32 sentences per batch, and seconds per sentence one at a time, over
+    the sentences that the 1-client level sends."""
     import torch
 
     from relmt.decode.translator import Translator
@@ -85,12 +93,12 @@ def offline(opts: argparse.Namespace, sentences: list[str]) -> dict:
     translator = Translator.from_checkpoint(opts.checkpoint, engine=opts.engine)
     fixed = fixed_length(opts)
     translator.translate(sentences[:4], **fixed)  # warm-up (an engine's first call)
-    batch = sentences[:opts.requests]
+    batch = sent(sentences, opts.requests)
     start = time.perf_counter()
     translator.translate(batch, max_sentences=32, **fixed)
     batched = len(batch) / (time.perf_counter() - start)
     single, deadline = [], time.monotonic() + opts.max_seconds
-    for s in sentences[:opts.single_n]:
+    for s in sent(sentences, opts.single_n or opts.requests):
         t = time.perf_counter()
         translator.translate([s], **fixed)
         single.append(time.perf_counter() - t)
@@ -268,6 +276,10 @@ def goals(levels: dict[int, dict], ref: dict, onmt: dict[int, dict] | None = Non
                      f"{levels[1]['p50_s'] / ref['single_p50_s']:.2f}"))
     if 1 in levels and 32 in levels:
         rows.append(("32 clients p99 ÷ 1 client p50", "≤ 4", f"{levels[32]['p99_s'] / levels[1]['p50_s']:.2f}"))
+        # Little's law: c closed-loop clients (each sends again when answered) at X sentences/s wait c / X on
+        # average, and p99 >= the mean; so the ratio cannot fall below 32 / (X_32 * p50_1) at this throughput
+        rows.append(("its floor at this throughput: 32 ÷ (sentences/s at 32 × 1 client p50)", "",
+                     f"{32 / (levels[32]['sent_per_s'] * levels[1]['p50_s']):.2f}"))
     if 128 in levels:
         rows.append(("errors at 128 clients", "0", str(sum(levels[128]["errors"].values()))))
     return rows
@@ -308,7 +320,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--requests", type=int, default=500, help="requests per level, at most")
     parser.add_argument("--max-seconds", type=float, default=120, help="time per level (and per reference), at most")
-    parser.add_argument("--single-n", type=int, default=100, help="sentences decoded one at a time offline")
+    parser.add_argument("--single-n", type=int, default=0,
+                        help="sentences decoded one at a time offline, those the levels send first (0: --requests)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-wait-ms", type=float, default=30.0, help="relmt-serve's max_wait_ms (its default)")
     parser.add_argument("--batching", nargs="+", choices=["continuous", "batch"], default=["continuous", "batch"])
