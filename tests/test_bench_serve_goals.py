@@ -26,3 +26,10 @@ def test_the_references_decode_what_the_levels_send():
     sentences = ["a", "b", "c"]
     assert bs.sent(sentences, 5) == ["a", "b", "c", "a", "b"]  # drive's request i sends sentence i mod 3
     assert bs.sent(sentences, 2) == ["a", "b"]
+
+
+def test_the_ratios_take_the_faster_reference():
+    before = {"batch32_sent_per_s": 150.0, "single_p50_s": 0.030, "single_n": 300, "batch32_n": 300}
+    after = {"batch32_sent_per_s": 200.0, "single_p50_s": 0.036, "single_n": 300, "batch32_n": 300}
+    ref = bs.faster([before, after])
+    assert (ref["batch32_sent_per_s"], ref["single_p50_s"], ref["single_n"]) == (200.0, 0.030, 300)

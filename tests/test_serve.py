@@ -660,3 +660,4 @@ def test_the_load_benchmark_runs_small(ckpt, tmp_path):
         (mode, clients, 6, {}) for mode in ("continuous", "batch") for clients in (1, 4)]
     assert payload["exit_statuses"] == {"continuous": 0, "batch": 0} and payload["offline"]["single_n"] == 3
     assert "1 client p50 ÷ offline one-at-a-time" in (tmp_path / "serve.md").read_text()
+    assert all(row["mean_batch"] >= 1 and row["client_cpu_share"] > 0 for row in payload["levels"])

@@ -11,7 +11,8 @@ the same model and settings as references. Run it alone on the machine.
 - The server: `python -m relmt.serve` on 127.0.0.1 (a port it picks), --threads intra-op threads,
   queue_size large enough for every client. Each level sends at most --requests requests and stops
   after --max-seconds; a client sends its next request when its last is answered.
-- References, in this process before the server starts, on the same threads: the Translator decoding
+- References, in this process before the server starts and again after it stops, on the same threads (the
+  ratios take the faster of the two, `faster`): the Translator decoding
   the sentences 32 per batch (decode.max_sentences=32, relmt-translate's batching), and one at a time: the
   sentences that a level sends, in its order (--single-n of them, default --requests), so that the 1-client
   level's p50 and the offline p50 are medians over the same sentences.
@@ -78,6 +79,13 @@ def fixed_length(opts: argparse.Namespace) -> dict:
 def sent(sentences: list[str], n: int) -> list[str]:
     """The first n sentences that a level sends, in order (`drive`: request i sends sentence i mod len)."""
     return [sentences[i % len(sentences)] for i in range(n)]
+
+
+def faster(refs: list[dict]) -> dict:
+    """Of offline references measured at different times, the faster of each measure: the host's speed drifts by
+    a tenth or more within a run, and the ratios to the server should not gain from a slow moment."""
+    return {**refs[0], "batch32_sent_per_s": max(r["batch32_sent_per_s"] for r in refs),
+            "single_p50_s": min(r["single_p50_s"] for r in refs)}
 
 
 def offline(opts: argparse.Namespace, sentences: list[str]) -> dict:
@@ -253,13 +261,23 @@ async def drive(url: str, sentences: list[str], clients: int, requests: int, sec
 
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client(http) for _ in range(clients)))
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     return {"clients": clients, "requests": sent, "ok": len(latencies), "errors": errors,
             "sent_per_s": len(latencies) / wall, "p50_s": percentile(latencies, 50),
             "p95_s": percentile(latencies, 95), "p99_s": percentile(latencies, 99), "seconds": wall,
-            "mean_words": statistics.fmean(lengths) if lengths else 0.0}
+            "mean_words": statistics.fmean(lengths) if lengths else 0.0,
+            "client_cpu_share": cpu / wall}  # of one core, taken by the load generator from the server's
+
+
+def batch_sizes(url: str) -> tuple[float, float]:
+    """relmt-serve's /metrics: the sum and count of its batch-size histogram (continuous: sentences per step)."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return tuple(float(re.search(rf"^relmt_serve_batch_sentences_{k} (\S+)$", text, re.M).group(1))
+                 for k in ("sum", "count"))
 
 
 def goals(levels: dict[int, dict], ref: dict, onmt: dict[int, dict] | None = None) -> list[tuple[str, str, str]]:
@@ -297,14 +315,20 @@ def markdown(payload: dict) -> str:
     if payload.get("onmt_model"):
         lines += [f"onmt_server (OpenNMT-py 3.5.1) serves `{payload['onmt_model']}` under the same load, threads and "
                   "decoding settings (beam 4, GNMT length penalty 0.6).", ""]
-    lines += ["| batching | clients | requests | sentences/s | p50 ms | p95 ms | p99 ms | errors | words/output |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| batching | clients | requests | sentences/s | p50 ms | p95 ms | p99 ms | errors | words/output | "
+              "sentences per step (continuous) or batch | load generator's CPU, share of one core |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in payload["levels"]:
+        batch = f"{row['mean_batch']:.1f}" if "mean_batch" in row else "—"  # onmt_server has no such metric
         lines.append(f"| {row['batching']} | {row['clients']} | {row['requests']} | {row['sent_per_s']:.1f} | "
                      f"{row['p50_s'] * 1e3:.1f} | {row['p95_s'] * 1e3:.1f} | {row['p99_s'] * 1e3:.1f} | "
-                     f"{sum(row['errors'].values())} | {row.get('mean_words', 0):.1f} |")
-    lines += ["", f"Offline (the Translator in-process): {ref['batch32_sent_per_s']:.1f} sentences/s at 32 per "
-              f"batch; {ref['single_p50_s'] * 1e3:.1f} ms p50 one at a time ({ref['single_n']} sentences).", "",
+                     f"{sum(row['errors'].values())} | {row.get('mean_words', 0):.1f} | {batch} | "
+                     f"{row['client_cpu_share']:.2f} |")
+    batched = " and ".join(f"{r['batch32_sent_per_s']:.1f}" for r in payload["offline_runs"])
+    single = " and ".join(f"{r['single_p50_s'] * 1e3:.1f}" for r in payload["offline_runs"])
+    lines += ["", f"Offline (the Translator in-process), before and after the server: {batched} sentences/s at 32 "
+              f"per batch; {single} ms p50 one at a time "
+              f"({ref['single_n']} sentences). The ratios below take the faster of each pair.", "",
               f"Goals, batching {payload['batching'][0]}:", "", "| goal | target | measured |", "|---|---|---|"]
     lines += [f"| {g} | {t} | {m} |" for g, t, m in payload["goals"]]
     lines += ["", f"relmt-serve's exit status after SIGTERM: {payload['exit_status']}.", ""]
@@ -334,16 +358,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--md", type=Path, default=ROOT / "docs/results/performance/serve_cpu.md")
     opts = parser.parse_args(argv)
     sentences = load_sentences(opts)
-    ref = offline(opts, sentences)
-    print(f"offline: {json.dumps(ref)}", flush=True)
+    refs = [offline(opts, sentences)]
+    print(f"offline: {json.dumps(refs[0])}", flush=True)
     rows, first, statuses = [], {}, {}
     for mode in opts.batching:
         opts.mode = mode
         server = ServerProcess(opts, opts.log)
         try:
             for clients in opts.clients:
+                before = batch_sizes(server.url)
                 row = {"batching": mode, **asyncio.run(drive(server.url, sentences, clients, opts.requests,
                                                                 opts.max_seconds))}
+                after = batch_sizes(server.url)
+                row["mean_batch"] = (after[0] - before[0]) / max(after[1] - before[1], 1)
                 rows.append(row)
                 if mode == opts.batching[0]:
                     first[clients] = row
@@ -351,6 +378,9 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             statuses[mode] = server.stop()
     status = max(statuses.values(), key=abs)
+    refs.append(offline(opts, sentences))  # again after the server, so that the host's drift shows
+    print(f"offline, after: {json.dumps(refs[1])}", flush=True)
+    ref = faster(refs)
     onmt: dict[int, dict] = {}
     if opts.onmt_model:
         peer = OnmtServer(opts, opts.log.with_name(opts.log.stem + "-onmt.log"))
@@ -369,7 +399,8 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {"command": " ".join(["python scripts/bench/bench_serve.py", *given]),
                "engine": opts.engine, "threads": opts.threads, "checkpoint": str(opts.checkpoint),
                "src": str(opts.src or "peer corpus test.src"), "sentences": len(sentences), "host": host(),
-               "batching": opts.batching, "offline": ref, "levels": rows, "goals": goals(first, ref, onmt),
+               "batching": opts.batching, "offline": ref, "offline_runs": refs, "levels": rows,
+               "goals": goals(first, ref, onmt),
                "fixed_length": opts.fixed_length, "onmt_model": str(opts.onmt_model or ""),
                "exit_status": status, "exit_statuses": statuses}
     opts.json.parent.mkdir(parents=True, exist_ok=True)
