@@ -33,3 +33,27 @@ def test_the_ratios_take_the_faster_reference():
     after = {"batch32_sent_per_s": 200.0, "single_p50_s": 0.036, "single_n": 300, "batch32_n": 300}
     ref = bs.faster([before, after])
     assert (ref["batch32_sent_per_s"], ref["single_p50_s"], ref["single_n"]) == (200.0, 0.030, 300)
+
+
+def test_the_summary_reads_each_page_json(tmp_path):
+    import json
+
+    summ = load_script("serve_summary")
+
+    def row(batching, clients, rate, errors=0):
+        return {"batching": batching, "clients": clients, "sent_per_s": rate, "p50_s": 0.04, "p99_s": 0.5,
+                "errors": {"503": errors} if errors else {}}
+
+    payload = {"engine": "torch", "threads": 2, "host": {"cpu": "AMD EPYC", "date": "2026-11-26 21:00 UTC"},
+               "offline": {"batch32_sent_per_s": 200.0, "single_p50_s": 0.03},
+               "levels": [row("continuous", 1, 20.0), row("continuous", 32, 160.0), row("continuous", 128, 190.0, 2),
+                          row("onmt_server", 32, 10.0)]}
+    (tmp_path / "serve_vs_onmt.json").write_text(json.dumps(payload))
+    text = summ.summary(tmp_path)
+    lines = [line for line in text.splitlines() if line.startswith("| [serve_vs_onmt]")]
+    page = "(results/performance/serve_vs_onmt.md)"  # relative to docs/, where docs/serving.md includes the table
+    assert lines == [
+        f"| [serve_vs_onmt]{page} | torch, continuous | 2 | 40.0 ms | 160.0 | 500 ms | 190.0 | 2 | 200.0; 30.0 ms "
+        "| 0.80 |",
+        f"| [serve_vs_onmt]{page} | onmt_server | 2 | — | 10.0 | 500 ms | — | 0 | — | — |"]
+    assert "AMD EPYC, 2026-11-26 21:00 UTC" in text

@@ -1,0 +1,74 @@
+#!/usr/bin/env python
+"""One table of the committed relmt-serve pages (bench_serve.py's JSON), for the Serving page of the docs site:
+each page's server modes at 1, 32 and 128 clients beside its offline references, and the issue's goal ratios.
+Nothing is measured here; every figure is read from the JSON that bench_serve.py wrote beside its page.
+
+    python scripts/bench/serve_summary.py      # writes docs/snippets/serve_summary.md
+
+docs/serving.md includes that file (pymdownx.snippets; docs/snippets/ is not a page of its own), so its links
+are relative to docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PERF = ROOT / "docs/results/performance"
+PAGES = ("serve_cpu", "serve_cpu_1thread", "serve_cpu_aoti", "serve_vs_onmt")
+
+
+def level(payload: dict, batching: str, clients: int) -> dict | None:
+    return next((r for r in payload["levels"] if r["batching"] == batching and r["clients"] == clients), None)
+
+
+def cell(row: dict | None, what: str) -> str:
+    if row is None:
+        return "—"
+    return f"{row['p50_s'] * 1e3:.1f} ms" if what == "p50" else (
+        f"{row['p99_s'] * 1e3:.0f} ms" if what == "p99" else f"{row['sent_per_s']:.1f}")
+
+
+def rows(name: str, payload: dict, links: str) -> list[str]:
+    ref, out = payload["offline"], []
+    for batching in dict.fromkeys(r["batching"] for r in payload["levels"]):
+        one, mid, top = (level(payload, batching, c) for c in (1, 32, 128))
+        errors = sum(sum(r["errors"].values()) for r in payload["levels"] if r["batching"] == batching)
+        peer = batching == "onmt_server"
+        engine = batching if peer else f"{payload['engine']}, {batching}"
+        offline = "—" if peer else f"{ref['batch32_sent_per_s']:.1f}; {ref['single_p50_s'] * 1e3:.1f} ms"
+        ratio = "—" if peer or mid is None else f"{mid['sent_per_s'] / ref['batch32_sent_per_s']:.2f}"
+        out.append(f"| [{name}]({links}{name}.md) | {engine} | {payload['threads']} | {cell(one, 'p50')} | "
+                   f"{cell(mid, 'rate')} | {cell(mid, 'p99')} | {cell(top, 'rate')} | {errors} | {offline} | {ratio} |")
+    return out
+
+
+def summary(perf: Path, links: str = "results/performance/") -> str:
+    found = {name: json.loads(path.read_text()) for name in PAGES if (path := perf / f"{name}.json").is_file()}
+    lines = ["Written by `python scripts/bench/serve_summary.py` from the JSON beside each page; each page names its "
+             "command, host and date. Compare the figures within a row and with that page's own offline "
+             "references: the pages come from different runs, and the host's speed drifts between runs.", "",
+             "| page | engine, batching | threads | 1 client p50 | 32 clients, sentences/s | 32 clients p99 | "
+             "128 clients, sentences/s | errors (all levels) | offline: sentences/s at 32 per batch; one at a time "
+             "p50 | 32 clients ÷ offline at 32 per batch |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, payload in found.items():
+        lines += rows(name, payload, links)
+    hosts = sorted({f"{p['host'].get('cpu', '?')}, {p['host'].get('date', '?')}" for p in found.values()})
+    lines += ["", f"Hosts and dates: {'; '.join(hosts)}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--perf", type=Path, default=PERF, help="the folder of the serve_*.json pages")
+    parser.add_argument("--md", type=Path, default=ROOT / "docs/snippets/serve_summary.md")
+    opts = parser.parse_args(argv)
+    opts.md.write_text(summary(opts.perf))
+    print(f"wrote {opts.md}")
+
+
+if __name__ == "__main__":
+    main()
