@@ -57,3 +57,27 @@ def test_the_summary_reads_each_page_json(tmp_path):
         "| 0.80 |",
         f"| [serve_vs_onmt]{page} | onmt_server | 2 | — | 10.0 | 500 ms | — | 0 | — | — |"]
     assert "AMD EPYC, 2026-11-26 21:00 UTC" in text
+
+
+def test_the_openmp_teams_benchmark_runs_small(tmp_path):
+    """scripts/bench/bench_omp_teams.py end to end with tiny counts: both cases, each in a process of its own."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.tiny_checkpoints import toy_tokenizer, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path, "tiny.pt", toy_tokenizer(tmp_path), seed=1)
+    src = tmp_path / "test.src"
+    src.write_text("the dog saw the cat\n\nbob ran\n", encoding="utf-8")
+    root = Path(__file__).parent.parent
+    done = subprocess.run([sys.executable, str(root / "scripts/bench/bench_omp_teams.py"), "--checkpoint", str(ckpt),
+                           "--src", str(src), "--sentences", "2", "--repeats", "1", "--threads", "1",
+                           "--json", str(tmp_path / "omp.json"), "--md", str(tmp_path / "omp.md")],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    payload = json.loads((tmp_path / "omp.json").read_text())
+    assert sorted(payload["results"]) == ["alone", "beside a second team"]
+    assert all(len(r["seconds"]) == 1 and r["ms_per_sentence"] > 0 for r in payload["results"].values())
+    assert "| alone |" in (tmp_path / "omp.md").read_text()

@@ -40,9 +40,15 @@ def test_every_results_page_is_listed_in_the_results_index():
 
 
 def test_every_page_of_docs_is_in_the_nav_and_every_nav_entry_exists():
-    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    # docs/snippets/ holds tables that pages include (mkdocs.yml: exclude_docs, pymdownx.snippets), not pages
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if p.parent != DOCS / "snippets"}
     assert pages - set(nav()) == set()
     assert [p for p in nav() if not (DOCS / p).is_file()] == []
+
+
+def test_every_snippet_is_included_by_a_page():
+    included = set(re.findall(r'^--8<-- "([^"]+)"$', "\n".join(p.read_text() for p in DOCS.rglob("*.md")), re.M))
+    assert {p.name for p in (DOCS / "snippets").glob("*.md")} == included
 
 
 def test_the_readme_is_short_and_its_links_resolve():

@@ -28,6 +28,10 @@ A batch (continuous: a step) that raises fails its own jobs, each with the messa
 A job whose client left before its batch was taken is dropped unbatched (its sentences cost nothing
 more); one already in a running batch is decoded with it.
 
+Every torch operation of the server runs in this thread, the model's loading included: one in another thread
+would give the process a second OpenMP team, and GNU OpenMP, with more threads than cores, then stops spin-waiting
+between parallel regions (docs/results/performance/omp_teams.md).
+
 Test hooks (off unless the environment sets RELMT_SERVE_TEST_HOOKS=1, for tests/test_serve.py): a
 batch holding a sentence with RELMT_TEST_FAULT raises, and one with RELMT_TEST_SLOW sleeps two seconds
 before decoding, so that tests can fail a batch or keep the decoder busy through a real process.
