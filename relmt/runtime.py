@@ -12,9 +12,10 @@ The CPU settings (docs/results/performance/perf_log.md):
 - Denormal floats are flushed to zero (`torch.set_flush_denormal`), which keeps arithmetic on
   tiny values (late-training Adam moments, rare-word gradients) at full speed.
 
-Both are idempotent and change no result beyond values below 1e-38. They are the process owner's
-choice: relmt-translate and the training loop call `tune_cpu`; the Translator API does not, so a
-program that embeds it opts in by calling `tune_cpu()` itself.
+Both are idempotent and change no result beyond values below 1e-38. The denormal flush holds in the thread
+that set it and in the threads it creates afterwards (`tune_cpu` sets it in every thread that calls it).
+They are the process owner's choice: relmt-translate and the training loop call `tune_cpu`; the
+Translator API does not, so a program that embeds it opts in by calling `tune_cpu()` itself.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ _applied: dict[str, bool] = {}
 
 
 def tune_cpu() -> dict[str, bool]:
-    """Apply the settings above (where the platform has them); returns what was applied."""
+    """Apply the settings above (where the platform has them); returns what was applied. The denormal flush is a
+    setting of the calling thread (its floating-point control register, which a new thread copies from its
+    creator), so every call makes it in the thread that calls: a thread that existed before the first call
+    calls tune_cpu itself."""
     if _applied:
+        _applied["flush_denormal"] = torch.set_flush_denormal(True)
         return _applied
     heap = False
     if sys.platform.startswith("linux"):

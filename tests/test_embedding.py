@@ -54,3 +54,25 @@ def test_relmt_translate_tunes_its_own_process(ckpt, tmp_path, monkeypatch):
     assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", f"input={src}",
                                                    f"output={tmp_path / 'out.txt'}", "device=cpu"]) == 0
     assert calls == [1]
+
+
+def test_tune_cpu_flushes_denormals_in_each_thread_that_calls_it(untuned):
+    """The flush is a setting of each thread (a new thread copies its creator's), so a thread that existed before
+    the first call, a pool's worker say, has it only once it calls tune_cpu itself; a second call used to do
+    nothing."""
+    import threading
+
+    go, seen = threading.Event(), {}
+
+    def worker() -> None:
+        go.wait(30)
+        seen["before"] = flushes_denormals()
+        runtime.tune_cpu()
+        seen["after"] = flushes_denormals()
+
+    thread = threading.Thread(target=worker)
+    thread.start()  # created before any call: not flushing
+    runtime.tune_cpu()
+    go.set()
+    thread.join()
+    assert flushes_denormals() and seen == {"before": False, "after": True}
