@@ -3,54 +3,32 @@
 `nn.Dropout` on CPU draws one Bernoulli sample per element (`bernoulli_`), which a profile of a
 small-model training step showed as the largest cost after the matmuls (docs/results/performance/perf_log.md).
 Here one 64-bit draw of the default generator gives four 16-bit lanes, so one draw decides four
-elements, and the keep mask is one comparison. The drop probability is rounded to a multiple of 2^-15
-(p = 0.1 becomes 0.100006), and kept elements are scaled by 1 / (1 - that p), so the expectation
-is exact. Masks come from torch's default CPU generator, so seeding and checkpointed RNG state
-reproduce them. Off CPU, `F.dropout` (a fused kernel there) is used unchanged.
+elements, and the keep mask is one comparison with a scalar. The drop probability is rounded to a
+multiple of 2^-16 (p = 0.1 becomes 0.100006), and kept elements are scaled by 1 / (1 - that p), so
+the expectation is exact. The mask is applied as one multiplication by a float tensor of 0 and that
+scale, which autograd also uses for the gradient: `torch.where` and a multiplication by a bool
+mask each took 4-5 times as long on CPU. Masks come from torch's default CPU generator, so seeding
+and checkpointed RNG state reproduce them. Off CPU, `F.dropout` (a fused kernel there) is used
+unchanged.
 """
 
 from __future__ import annotations
-
-import sys
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 _LANES = 4  # int16 lanes per int64 draw
-_BITS = 15  # random_() fills [0, 2^63): the most significant lane has 15 random bits, the others 16
-
-
-@lru_cache(maxsize=16)  # a handful of distinct p per model; built once, not at every call
-def _thresholds(p: float) -> tuple[Tensor, float]:
-    """Per-lane int16 thresholds t (keep iff lane >= t) for drop probability p, and the exact p used."""
-    drop = round(p * 2 ** _BITS)
-    top = 3 if sys.byteorder == "little" else 0  # the lane holding the draw's high (15-bit) part
-    t = [drop if lane == top else -2 ** 15 + 2 * drop for lane in range(_LANES)]
-    return torch.tensor(t, dtype=torch.int16), drop / 2 ** _BITS
+_BITS = 16  # random bits per lane: the draws fill the whole int64 range
 
 
 def keep_mask(shape: torch.Size, p: float) -> tuple[Tensor, float]:
-    """A bool mask of `shape`, True with probability 1 - p' (p' = p rounded to 2^-15), and p'."""
+    """A bool mask of `shape`, True with probability 1 - p' (p' = p rounded to 2^-16), and p'."""
     n = shape.numel()
-    draws = torch.empty(-(-n // _LANES), dtype=torch.int64).random_()
-    thresholds, p_used = _thresholds(p)
-    keep = draws.view(torch.int16).view(-1, _LANES) >= thresholds
-    return keep.view(-1)[:n].view(shape), p_used
-
-
-class _MaskedScale(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return torch.where(keep, x * scale, 0.0)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad * ctx.scale, 0.0), None, None
+    drop = round(p * 2 ** _BITS)
+    draws = torch.empty(-(-n // _LANES), dtype=torch.int64).random_(-2 ** 63, 2 ** 63 - 1)
+    keep = draws.view(torch.int16) >= -2 ** 15 + drop  # each lane uniform on [-2^15, 2^15)
+    return keep[:n].view(shape), drop / 2 ** _BITS
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -60,7 +38,9 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, training=True)
     keep, p_used = keep_mask(x.shape, p)
-    return _MaskedScale.apply(x, keep, 1.0 / (1.0 - p_used))
+    # float32 at least, so that x * scale rounds once, in the precision a multiplication by the scale uses
+    scaled = keep.to(torch.promote_types(x.dtype, torch.float32)).mul_(1.0 / (1.0 - p_used))
+    return (x * scaled).to(x.dtype)
 
 
 class Dropout(nn.Module):
