@@ -271,6 +271,55 @@ def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
     assert "| **relmt** (`engine=onnx`) |" in text and "(issue 33) one sentence at a time" in text
 
 
+def test_train_floor_records_every_gemm_and_the_peer_ceiling(tmp_path):
+    """scripts/bench/train_floor.py: the step's GEMMs are recorded and replayed (mm, addmm and bmm of the
+    forward and backward), the other operators ranked, and the ceiling against a peer page computed from it."""
+    import random
+
+    text = tmp_path / "text"
+    text.mkdir()
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(30)]
+    for split, n in (("train", 60), ("valid", 4)):
+        src = [" ".join(rng.choices(words, k=rng.randint(3, 8))) for _ in range(n)]
+        (text / f"{split}.src").write_text("\n".join(src) + "\n")
+        (text / f"{split}.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in src) + "\n")
+    peers = tmp_path / "peers.json"
+    peers.write_text(json.dumps({"summary": {"train": {"relmt/rel": [2600.0, 2600.0, 2600.0],
+                                                       "onmt/rel": [2000.0, 2000.0, 2000.0],
+                                                       "eole/rel": [1000.0, 1000.0, 1000.0]}}}))
+    out, md = tmp_path / "f.json", tmp_path / "f.md"
+    run_script("train_floor.py", "--text-dir", str(text), "--cache-dir", str(tmp_path / "cache"), "--threads", "1",
+               "--warmup", "1", "--steps", "2", "--profile-steps", "1", "--positions", "rel", "--size", "tiny",
+               "--peers", str(peers), "--out", str(out), "--md", str(md))
+    payload = json.loads(out.read_text())
+    (row,) = payload["rows"]
+    assert row["gemm_floor_ms"] > 0 and row["step_ms"] > 0
+    assert row["ceiling"] == pytest.approx(row["step_ms"] / row["gemm_floor_ms"])
+    assert row["ops"] and not {o["op"] for o in row["ops"]} & {"aten::mm", "aten::addmm", "aten::bmm"}
+    assert payload["peers"]["peer"] == "onmt" and payload["peers"]["ratio"] == pytest.approx(1.3)
+    assert f"it would be at most {1.3 * row['ceiling']:.2f}" in md.read_text()
+
+
+def test_bench_peers_page_without_decoding_has_the_training_columns_only():
+    """--no-decode: the page keeps the training table and its goals, and claims nothing about decoding."""
+    from tests.scripts_import import load_script
+
+    bench = load_script("bench_peers")
+    results = [{"stage": "train", "system": system, "positions": pos, "repeat": 1, "gemm_gflops": 200.0,
+                "tokens_per_s": tps} for system, pos, tps in (("relmt", "abs", 4000.0), ("relmt", "rel", 3900.0),
+                                                              ("onmt", "rel", 3000.0))]
+    payload = {"command": "c", "hardware": {"cpu": "x", "cpu_count": 2, "date": "d", "git": "g"},
+               "settings": {"threads": 2, "repeats": 1, "log_every": 10, "steps": 110, "decode_n": 500,
+                            "length": 20, "latency_n": 100},
+               "results": results, "summary": bench.summarise(results), "json": "p.json"}
+    text = bench.markdown(payload)
+    assert "| system | train tok/s, abs | train tok/s, rel |\n|---|---:|---:|\n" in text
+    assert "| **relmt** | 4,000 | 3,900 |\n" in text and "| OpenNMT-py 3.5.1 | – | 3,000 |\n" in text
+    assert "| training, relmt rel / best relative peer | ≥ 1.3 | 1.30 | yes |" in text
+    assert "decode@32" not in text and "Forced-length" not in text and "`--no-decode`" in text
+
+
 def test_bench_decode_levers_runs(tmp_path):
     """speed (the levers that need no compiling; tests/test_compiled.py covers that), profile, bleu and
     processes, on an untrained tiny checkpoint."""

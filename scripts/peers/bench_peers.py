@@ -459,6 +459,7 @@ def goals(summary: dict) -> list[tuple[str, str, str, str]]:
 def markdown(payload: dict) -> str:
     s, hw = payload["summary"], payload["hardware"]
     systems = list(dict.fromkeys(r["system"] for r in payload["results"]))
+    decoded = bool(s["decode"])
     lines = ["# CPU performance beside the peers, measured side by side", "",
              "Every figure below comes from one run of `scripts/peers/bench_peers.sh` on one machine, "
              "all toolkits on the "
@@ -473,13 +474,15 @@ def markdown(payload: dict) -> str:
              f"- repeats: {payload['settings']['repeats']}, interleaved; each cell is the median (range)", "",
              "## Side by side", "",
              f"Training: target tokens/s over updates {payload['settings']['log_every'] + 1}–"
-             f"{payload['settings']['steps']}, from each toolkit's own training log. Decoding: beam 4, length "
-             f"penalty 0.6, {payload['settings']['decode_n']} test sentences, every hypothesis forced to "
-             f"{payload['settings']['length']} tokens; sentences/s at 32 per batch, one at a time (first "
-             f"{payload['settings']['latency_n']}), and all in one batch.", "",
-             "| system | train tok/s, abs | train tok/s, rel | decode@32, rel | decode@32, abs | 1 at a time, rel "
-             "| one batch, rel | decode@32, rel per-head | 1 at a time, rel per-head |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{payload['settings']['steps']}, from each toolkit's own training log. " + (
+                 f"Decoding: beam 4, length penalty 0.6, {payload['settings']['decode_n']} test sentences, every "
+                 f"hypothesis forced to {payload['settings']['length']} tokens; sentences/s at 32 per batch, one "
+                 f"at a time (first {payload['settings']['latency_n']}), and all in one batch." if decoded else
+                 "No decoding in this run (`--no-decode`): [perf_cpu.md](perf_cpu.md) has it."), "",
+             "| system | train tok/s, abs | train tok/s, rel |" + (" decode@32, rel | decode@32, abs | 1 at a time, "
+                                                                 "rel | one batch, rel | decode@32, rel per-head | "
+                                                                 "1 at a time, rel per-head |" if decoded else ""),
+             "|---|---:|---:|" + "---:|" * (6 if decoded else 0)]
     for name in systems:
         def t(pos: str, name: str = name) -> str:
             return fmt(s["train"].get(f"{name}/{pos}"))
@@ -487,15 +490,15 @@ def markdown(payload: dict) -> str:
         def d(pos: str, regime: str, name: str = name) -> str:
             return fmt(s["decode"].get(f"{name}/{pos}/{regime}"), 1)
 
-        lines.append(f"| {NAMES.get(name, name)} | {t('abs')} | {t('rel')} | {d('rel', 'batch32')} | "
-                     f"{d('abs', 'batch32')} | {d('rel', 'latency')} | {d('rel', 'large')} | "
-                     f"{d('rel-heads', 'batch32')} | {d('rel-heads', 'latency')} |")
+        lines.append(f"| {NAMES.get(name, name)} | {t('abs')} | {t('rel')} |" + (
+            f" {d('rel', 'batch32')} | {d('abs', 'batch32')} | {d('rel', 'latency')} | {d('rel', 'large')} | "
+            f"{d('rel-heads', 'batch32')} | {d('rel-heads', 'latency')} |" if decoded else ""))
     length = payload["settings"]["length"]
     off = {k: v for k, v in s["output_tokens"].items() if abs(v - length) > 1e-9}
     check = f"every decoder gave every hypothesis exactly {length} tokens." if not off else \
         "mean output tokens off the forced length: " + ", ".join(f"{k} {v:.2f}" for k, v in off.items()) + "."
-    lines += ["", "Forced-length check: " + check, "",
-              "## Goals (issue 14)", "", "| goal | target | measured | met |", "|---|---|---|---|"]
+    lines += ["", "Forced-length check: " + check] if decoded else []
+    lines += ["", "## Goals (issue 14)", "", "| goal | target | measured | met |", "|---|---|---|---|"]
     lines += [f"| {g} | {t} | {m} | {ok} |" for g, t, m, ok in goals(s)]
     lines += ["", "Raw figures, one line per stage and repeat with its calibration GEMM: "
               f"[{Path(payload['json']).name}]({Path(payload['json']).name}).", ""]
@@ -530,6 +533,8 @@ def main() -> None:
                              "CTranslate2 cannot hold")
     parser.add_argument("--ct2-relmt", action=argparse.BooleanOptionalAction, default=True,
                         help="also decode relmt's models exported by relmt-export with CTranslate2")
+    parser.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True,
+                        help="decode with the trained models (--no-decode: the training rows only)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows of SCRATCH/results.jsonl (an earlier, cut-off call with the same settings) "
@@ -571,7 +576,7 @@ def main() -> None:
         for system, pos in trainers:
             models.setdefault((system, pos), bench.train(system, pos, rep))
     decoders = []
-    for (system, pos), model in models.items():
+    for (system, pos), model in models.items() if opts.decode else ():
         if system != "eole":
             decoders.append((system, pos, model))
         if system == "onmt":
