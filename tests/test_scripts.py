@@ -130,7 +130,19 @@ def test_perf_history_probes_a_commit(tmp_path):
                "--repeats", "1", "--max-tokens", "128", "--out", str(out), "--md", str(tmp_path / "h.md"))
     (row,) = json.loads(out.read_text())["rows"]
     assert row["abs_ms"] > 0 and row["rel_ms"] > 0 and row["dec_rel"] > 0 and row["vocab"] == 14
-    assert "What each change is" in (tmp_path / "h.md").read_text()
+    text = (tmp_path / "h.md").read_text()
+    assert "run-to-run noise" in text and "What each change is" not in text  # HEAD is no commit it describes
+
+
+def test_perf_history_describes_only_the_commits_of_its_rows():
+    from tests.scripts_import import load_script
+
+    history = load_script("perf_history")
+    text = history.notes([{"commit": "8a69b0c"}, {"commit": "2104106"}])
+    assert "**8a69b0c** (baseline)" in text and "the mask as a float product" in text
+    assert "runtime.tune_cpu" not in text and "the last row's" not in text
+    old = history.notes([{"commit": c} for c in ("4588411", "7fdfa90", "ab3191b", "2314c66")])
+    assert "the padded\noutput weight)." in old and "float product" not in old and "**runtime.tune_cpu**" in old
 
 
 def test_split_corpus_holds_out_by_the_fixed_rule(tmp_path):

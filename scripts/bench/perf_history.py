@@ -206,37 +206,53 @@ def main() -> None:
             f"500 test sentences forced to 20 tokens (median of {args.repeats}). Speed-ups are against the row "
             "above. The final, full measurement is [perf_cpu.md](perf_cpu.md).\n\n"
             f"- command: `{command}`\n- hardware: {hw['cpu']}, {hw['torch_threads']} threads, torch "
-            f"{hw['torch']}\n- date: {hw['date']}\n\n{table}\n\n{NOTES}{levers}")
+            f"{hw['torch']}\n- date: {hw['date']}\n\n{table}\n\n{notes(rows)}{levers}")
 
 
-NOTES = """The rows were measured one after another on a shared 2-core virtual machine, so differences of a
-few per cent between rows may be run-to-run noise rather than the change (the last row's
-training figure among them: that commit changed decoding, and training only by the padded
-output weight).
-
-## What each change is, and what led to it
-
-A profile of one training step (`torch.profiler`, sorted by self time) and of a beam-4 decoding
-run pointed at each change; the changes are kept because the table shows they pay.
-
-- **train_step** (baseline): the trainer's update as one function, so the benchmark times the
-  trainer's own code.
-- **CPU dropout and the written-out loss backward**: `bernoulli_` (the mask generator behind
+NOISE = """The rows were measured one after another on a shared 2-core virtual machine, so differences of a
+few per cent between rows may be run-to-run noise rather than the change"""
+# what each measured commit changed and what led to it, by its short hash: the page lists those of its rows
+CHANGES = {
+    "4588411": """- **train_step** (baseline): the trainer's update as one function, so the benchmark times the
+  trainer's own code.""",
+    "7fdfa90": """- **CPU dropout and the written-out loss backward**: `bernoulli_` (the mask generator behind
   `nn.Dropout`) was the largest cost after the matmuls. `relmt/dropout.py` takes four 16-bit
   lanes from each 64-bit draw instead of one draw per element. The label-smoothed loss gets its
   closed-form gradient instead of autograd through log_softmax, gather and mean
-  (`relmt/train/loss.py`).
-- **runtime.tune_cpu**: every fresh large tensor (logits, FFN activations) paid for page faults,
+  (`relmt/train/loss.py`).""",
+    "ab3191b": """- **runtime.tune_cpu**: every fresh large tensor (logits, FFN activations) paid for page faults,
   because glibc returns big blocks to the OS on free and maps them anew. Keeping freed memory in
   the heap (`mallopt`) removes that; denormal flushing is on as well (`relmt/runtime.py`). The
   issue's lead (flushing denormals) is not measured on its own in this table; the profile pointed
-  at the allocator, not at denormals, for these freshly initialised models.
-- **decoding**: the cache reorder (`index_select`) was the largest cost of beam search. The
+  at the allocator, not at denormals, for these freshly initialised models.""",
+    "2314c66": """- **decoding**: the cache reorder (`index_select`) was the largest cost of beam search. The
   source keys and values are now kept once per sentence and shared by its beams, the remaining
   self-attention reorder is fused into the next step's append, and the output projection runs
   on a weight padded to a multiple of 16 rows (an odd vocabulary such as 3,859 made that GEMM
-  much slower). The padding also speeds up training's output layer slightly.
-"""
+  much slower). The padding also speeds up training's output layer slightly.""",
+    "8a69b0c": """- **8a69b0c** (baseline): the code before the float-mask dropout.""",
+    "2104106": """- **CPU dropout, the mask as a float product**: each operator of a training step timed on its own
+  (the dispatch mode of `scripts/bench/train_floor.py`) put the dropout's `torch.where` (forward and
+  backward) and its comparison of the int16 lanes against a per-lane threshold (a broadcast) first after
+  the matrix products and the random draws. The draws now fill the whole int64 range, so that every
+  lane holds 16 random bits and is compared with one scalar, and the mask is applied as one product with
+  a float tensor of 0 and the scale, which autograd reuses for the gradient. Given a mask, outputs and
+  gradients are bit for bit those of `torch.where(keep, x * scale, 0)` (tests/test_dropout.py); the
+  masks themselves are new draws at the same rate, so runs are not bitwise those of earlier commits.""",
+}
+# a row whose training figure the change could barely move: said beside the noise
+ASIDE = {"2314c66": "that commit changed decoding, and training only by the padded\noutput weight"}
+
+
+def notes(rows: list[dict]) -> str:
+    """The noise caveat and the section on what each row's commit changed."""
+    last = rows[-1]["commit"][:7]
+    aside = f" (the last row's\ntraining figure among them: {ASIDE[last]})" if last in ASIDE else ""
+    changes = [CHANGES[r["commit"][:7]] for r in rows if r["commit"][:7] in CHANGES]
+    section = ("\n\n## What each change is, and what led to it\n\nA profile of one training step (`torch.profiler`, "
+               "sorted by self time) and of a beam-4 decoding\nrun pointed at each change; the changes are kept "
+               "because the table shows they pay.\n\n" + "\n".join(changes)) if changes else ""
+    return f"{NOISE}{aside}.{section}\n"
 
 
 if __name__ == "__main__":
