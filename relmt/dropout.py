@@ -6,8 +6,9 @@ Here one 64-bit draw of the default generator gives four 16-bit lanes, so one dr
 elements, and the keep mask is one comparison with a scalar. The drop probability is rounded to a
 multiple of 2^-16 (p = 0.1 becomes 0.100006), and kept elements are scaled by 1 / (1 - that p), so
 the expectation is exact. The mask is applied as one multiplication by a float tensor of 0 and that
-scale, which autograd also uses for the gradient: `torch.where` and a multiplication by a bool
-mask each took 4-5 times as long on CPU. Masks come from torch's default CPU generator, so seeding
+scale, which autograd also uses for the gradient (`torch.where`, which applied the mask before,
+was the slow part on CPU: docs/results/performance/perf_log_wave4.md). The saved mask is float, four
+bytes an element where a bool mask took one. Masks come from torch's default CPU generator, so seeding
 and checkpointed RNG state reproduce them. Off CPU, `F.dropout` (a fused kernel there) is used
 unchanged.
 """
