@@ -311,6 +311,9 @@ def test_train_floor_records_every_gemm_and_the_peer_ceiling(tmp_path):
     assert row["ops"] and not {o["op"] for o in row["ops"]} & {"aten::mm", "aten::addmm", "aten::bmm"}
     assert payload["peers"]["peer"] == "onmt" and payload["peers"]["ratio"] == pytest.approx(1.3)
     assert f"it would be at most {1.3 * row['ceiling']:.2f}" in md.read_text()
+    again = tmp_path / "again.md"
+    run_script("train_floor.py", "--from-json", str(out), "--md", str(again))
+    assert again.read_text() == md.read_text()
 
 
 def test_bench_peers_page_without_decoding_has_the_training_columns_only():

@@ -7,8 +7,9 @@ positions mode:
 - the step: relmt.train.step.train_step (forward, label-smoothed loss, backward, Adam), timed over
   --steps batches after --warmup;
 - the GEMM floor: every matrix product (aten mm, addmm, bmm) of one step, recorded with its shapes
-  and strides and replayed alone on the same threads, summed. No fusion of the other operators can
-  take a step below it;
+  and strides and replayed alone on the same threads, summed, and scaled by target tokens from the
+  --profile-steps batches to the timed batches' mean. No fusion of the other operators can take a
+  step below it;
 - the rest by operator: each aten operator of --profile-steps steps timed in a dispatch mode (which
   adds a few microseconds per call; the table gives shares, the step time comes from the plain steps).
 
@@ -96,26 +97,26 @@ def measure(kind: str, args: argparse.Namespace, vocab: int, batches: list) -> d
     for batch in timed:
         step(batch)
     step_s = (time.perf_counter() - t0) / len(timed)
-    floor, rec = [], Recorder()
-    for batch in timed[:args.profile_steps]:
-        one = Recorder()
-        with one:
+    profiled = timed[:args.profile_steps]
+    floor, seconds, calls = [], Counter(), Counter()
+    for batch in profiled:
+        rec = Recorder()
+        with rec:
             step(batch)
-        floor.append(replay(one.gemms))
-        rec.seconds.update(one.seconds)
-        rec.calls.update(one.calls)
-    n = args.profile_steps
-    gemm_s = statistics.fmean(floor) * len(timed[:n]) / n  # per profiled step
-    # scale the floor to the timed batches' mean size, by target tokens
+        floor.append(replay(rec.gemms))
+        seconds.update(rec.seconds)
+        calls.update(rec.calls)
+    n = len(profiled)
+    # the floor of a profiled step, scaled to the timed batches' mean size by target tokens
     tokens = statistics.fmean(b.n_tgt_tokens for b in timed)
-    gemm_s *= tokens / statistics.fmean(b.n_tgt_tokens for b in timed[:n])
-    total = sum(rec.seconds.values())
-    ops = [{"op": op, "calls_per_step": rec.calls[op] / n, "share": s / total}
-           for op, s in rec.seconds.most_common() if op not in {g.name() for g in GEMMS}][:args.top]
+    gemm_s = statistics.fmean(floor) * tokens / statistics.fmean(b.n_tgt_tokens for b in profiled)
+    total = sum(seconds.values())
+    ops = [{"op": op, "calls_per_step": calls[op] / n, "share": s / total}
+           for op, s in seconds.most_common() if op not in {g.name() for g in GEMMS}][:args.top]
     return {"positions": kind, "step_ms": 1000 * step_s, "tgt_tokens_per_s": tokens / step_s,
             "gemm_floor_ms": 1000 * gemm_s, "other_ms": 1000 * (step_s - gemm_s),
             "gemm_share": gemm_s / step_s, "ceiling": step_s / gemm_s,
-            "gemm_dispatch_share": sum(rec.seconds[g.name()] for g in GEMMS) / total, "ops": ops}
+            "gemm_dispatch_share": sum(seconds[g.name()] for g in GEMMS) / total, "ops": ops}
 
 
 def peers_ratio(path: Path) -> dict | None:
@@ -137,7 +138,8 @@ def report(payload: dict) -> str:
              f"{payload['settings']['threads']} threads, k = {payload['settings']['k']}; each step is "
              "relmt.train.step.train_step (forward, label-smoothed loss, backward, Adam). The GEMM floor is every "
              "matrix product of a step (aten mm, addmm, bmm), recorded with its shapes and strides and replayed "
-             "alone on fresh tensors, summed: no fusion of the other operators can take a step below it. "
+             "alone on fresh tensors, summed (per timed batch: scaled by target tokens from the profiled ones): no "
+             "fusion of the other operators can take a step below it. "
              "\"at most\" is step ÷ floor, the speed-up if every other operator cost nothing.", "",
              f"- command: `{payload['command']}`",
              f"- hardware: {payload['hardware']['cpu']}, {payload['hardware']['cpu_count']} cores, "
@@ -180,7 +182,11 @@ def main() -> None:
     ap.add_argument("--peers", type=Path, help="a bench_peers.py JSON of the same session")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--md", type=Path)
+    ap.add_argument("--from-json", type=Path, help="re-render --md from a JSON this script wrote, measuring nothing")
     args = ap.parse_args()
+    if args.from_json:
+        args.md.write_text(report(json.loads(args.from_json.read_text())))
+        return
     torch.set_num_threads(args.threads)
     bt.tune_cpu()
     data = argparse.Namespace(peer_corpus=None if args.text_dir else args.peer_corpus, text_dir=args.text_dir,
