@@ -68,6 +68,7 @@ def runs(gpu_dir: Path, cpu_dir: Path) -> list[dict]:
     return rows
 
 
+GOAL_N = 1024  # the length issue 43 sets its attention memory goal at
 ISSUE43_FILES = ("tests.txt", "attn.json", "train43.json", "train43c.json", "suite.txt")
 
 
@@ -85,7 +86,9 @@ def attention_memory(rows: list[dict]) -> tuple[int | None, dict[str, float]]:
 
 
 def fmt(values: dict[str, float], percent: bool = False) -> str:
-    return ", ".join(f"{k} {100 * v:.1f}%" if percent else f"{k} {v:.2f}" for k, v in values.items()) or "not measured"
+    def one(v: float) -> str:
+        return f"{100 * v:.1f}%" if percent else f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
+    return ", ".join(f"{k} {one(v)}" for k, v in values.items()) or "not measured"
 
 
 def goal(what: str, target: str, values: dict[str, float], ok, percent: bool = False) -> dict:
@@ -109,9 +112,13 @@ def goal_table(tests: dict[str, dict], attn_rows: list[dict], train_rows: list[d
     base = {"base abs": relmt[("base", "abs")]["mfu"]} if ("base", "abs") in relmt else {}
     ratio = {pos: {size: relmt[(size, pos)]["tgt_tokens_per_s"] / r["tgt_tokens_per_s"]
                    for (size, p), r in onmt.items() if p == pos and (size, pos) in relmt} for pos in ("abs", "rel")}
+    mem = goal(f"rel attention memory / abs, n = {n}, forward + backward", "<= 1.3", memory, lambda v: v <= 1.3)
+    if memory and n != GOAL_N:  # the goal is set at n = 1024: a shorter length neither meets nor misses it
+        mem["met"] = ""
+        mem["what"] = f"rel attention memory / abs, n = {GOAL_N} (reached only n = {n}), forward + backward"
     return [
         goal("tests failing on CUDA", "0", failed, lambda v: v == 0),
-        goal(f"rel attention memory / abs, n = {n}, forward + backward", "<= 1.3", memory, lambda v: v <= 1.3),
+        mem,
         goal("step time / abs, base and big: rel, rope, alibi, t5", "<= 1.10 each", steps, lambda v: v <= 1.10),
         big,
         goal("MFU, base abs", ">= 30%", base, lambda v: v >= 0.30, percent=True),
