@@ -259,6 +259,21 @@ def test_auto_on_the_cpu_chunks_long_rows_with_large_logits(monkeypatch):
     assert routes.choose(q_of(2, 64), 1024, 0.0) == "reference"
 
 
+def test_auto_on_cuda_takes_flex_or_chunked_only_where_the_logits_are_large():
+    """auto on CUDA (fake CUDA tensors: the rule reads shapes, dtypes and devices only): the reference while
+    the (B, H, n, m) logits fit in CHUNK_BYTES, whatever the length; beyond, flex without attention dropout
+    and chunked with it; the reference for a decoding step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert routes.choose(q_of(4, 128, "cuda"), 128, 0.0) == "reference"  # 2 MiB of logits
+        assert routes.choose(q_of(1, 1024, "cuda"), 1024, 0.0) == "reference"  # 32 MiB
+        assert routes.choose(q_of(4, 1024, "cuda"), 1024, 0.0) == "flex"  # 128 MiB
+        assert routes.choose(q_of(4, 1024, "cuda"), 1024, 0.1) == "chunked"
+        assert routes.choose(q_of(4, 1024, "cuda", d=24), 1024, 0.0) == "chunked"  # a head size flex lacks
+        assert routes.choose(q_of(64, 1, "cuda"), 10**6, 0.0) == "reference"  # a decoding step
+
+
 def test_the_layer_takes_the_chosen_route(monkeypatch, small_blocks):
     """MultiHeadAttention asks the chooser only when it has a relative term or a bias, and runs its pick."""
     calls = []
@@ -375,9 +390,41 @@ def test_model_flex_decomposition_equals_reference_in_training(mode, monkeypatch
     assert_all_close(results["flex"], results["reference"], torch.float64)
 
 
+@pytest.mark.parametrize("mode", ["rel", "t5"])
+def test_compiled_flex_keeps_to_a_few_graphs_over_a_runs_batches(mode, monkeypatch):
+    """torch.compile guards on the Python values in score_mod's and mask_mod's closures, and after 8 graphs
+    of one function it falls back to the unfused kernel, which writes the logits out (an H200 run of
+    2026-11-27 did so: docs/results/gpu/issue43/log.txt). The full pass and both tails share one graph, so
+    a model's encoder and decoder over batches of changing size, one sentence alone among them, compile
+    a few graphs. Counted on the CPU with a backend that records each graph (the guards are the same)."""
+    graphs = []
+    torch._dynamo.reset()
+    compiled = torch.compile(flex._flex_attention, backend=lambda gm, inputs: graphs.append(gm) or gm.forward)
+    monkeypatch.setattr(flex, "_kernel", lambda q: compiled)
+    net = model(mode).eval()
+    gen = torch.Generator().manual_seed(0)
+    with routes.use_route("flex"), torch.no_grad():
+        for b, s, t in ((3, 9, 8), (5, 12, 10), (2, 7, 11), (1, 10, 6), (4, 16, 13), (6, 11, 9)):
+            src = torch.randint(4, inc.V, (b, s), generator=gen)
+            src[0, -2:] = inc.PAD  # padding in the batch
+            net(src, torch.randint(4, inc.V, (b, t), generator=gen))
+    assert 0 < len(graphs) <= 6, len(graphs)
+    torch._dynamo.reset()
+
+
 # --- CUDA (make test-gpu) ---
 
 CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Each case is a model of its own kind (keys, values, biases, masks, dtypes), which a run never mixes:
+    a fresh compile cache per test keeps one process's cases from adding up to torch's limit of 8 graphs
+    per function (past it, flex falls back to the unfused kernel)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 @pytest.fixture
@@ -405,7 +452,7 @@ GPU_CASES = [("rel", "encoder"), ("rel", "decoder"), ("rel", "step"), ("rel-shar
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("no_tf32")
+@pytest.mark.usefixtures("no_tf32", "fresh_dynamo")
 @pytest.mark.parametrize("mode,call", GPU_CASES)
 def test_gpu_flex_and_chunked_equal_reference_float32(mode, call):
     mha, positions, inputs = to_cuda(*make(mode, call, torch.float32))
@@ -417,6 +464,7 @@ def test_gpu_flex_and_chunked_equal_reference_float32(mode, call):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("mode,call", GPU_CASES[:4] + GPU_CASES[7:])
 def test_gpu_flex_bf16_within_bf16_tolerance(mode, call):
     """Under bf16 autocast the flex route is as close to the float32 reference as the reference route
@@ -459,12 +507,14 @@ def test_bench_attention_routes_runs(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("no_tf32")
+@pytest.mark.usefixtures("no_tf32", "fresh_dynamo")
 @pytest.mark.parametrize("mode", ["rel", "t5"])
 def test_gpu_model_trains_and_decodes_through_auto_as_through_the_reference(mode, monkeypatch):
-    """A model whose heads flex takes (d_head 16) and no attention dropout: auto runs flex on CUDA for the
-    teacher-forced pass and its gradients, and the reference route gives the same; cached decoding
-    (steps by the reference, the prefix-free pass by flex) equals the full pass."""
+    """A model whose heads flex takes (d_head 16) and no attention dropout, with CHUNK_BYTES 0 so that its
+    small logits count as large: auto runs flex on CUDA for the teacher-forced pass and its gradients, and
+    the reference route gives the same; cached decoding (steps by the reference, the prefix-free pass by
+    flex) equals the full pass."""
+    monkeypatch.setattr(routes, "CHUNK_BYTES", 0)
     cfg = ModelConfig(d_model=64, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
                       attention_dropout=0.0, activation_dropout=0.0, **inc.MODES[mode])
     torch.manual_seed(0)

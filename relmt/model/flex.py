@@ -67,24 +67,30 @@ def dense_core(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, mask
 
 
 _compiled_flex = None
+_FAR = 2**30  # an offset j - i beyond any sequence: the open end of a band
+
+
+def _kernel(q: Tensor) -> Callable:
+    """FlexAttention compiled once per process off the CPU (the eager version writes the logits out); eager on
+    the CPU (which has no backward) and inside a compiled step (the step compiles it)."""
+    global _compiled_flex
+    if q.device.type == "cpu" or torch.compiler.is_compiling():
+        return _flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(_flex_attention)
+    return _compiled_flex
 
 
 def flex_core(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, mask_mod: MaskMod | None,
               need_out: bool = True) -> tuple[Tensor, Tensor]:
-    """FlexAttention with scale 1 (q is already scaled) and its block mask: (out, lse). Compiled off the CPU
-    (the eager version writes the logits out); on the CPU eager, which has no backward."""
-    global _compiled_flex
+    """FlexAttention with scale 1 (q is already scaled) and its block mask: (out, lse)."""
     if not torch.is_grad_enabled():  # flex refuses inputs that require grad on the CPU, even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
     b, h, n, _ = q.shape
     m = k.shape[2]
     block_mask = None if mask_mod is None else create_block_mask(mask_mod, b, None, n, m, device=q.device)
-    fn = _flex_attention
-    if q.device.type != "cpu" and not torch.compiler.is_compiling():  # inside a compiled step the step compiles it
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(_flex_attention)
-        fn = _compiled_flex
-    out, aux = fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, return_aux=AuxRequest(lse=True))
+    out, aux = _kernel(q)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
+                          return_aux=AuxRequest(lse=True))
     return out, aux.lse
 
 
@@ -124,22 +130,24 @@ def _reader(bias: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
 
 def mask_mod_for(keep: Tensor | None, causal: bool, off: Tensor, tail: str = "", k: int = 0) -> MaskMod | None:
     """Padding keep-mask (4-d, `_keep4`) and causality (key j <= query position i + off); `tail` "lower"
-    keeps only j - i <= -k, "upper" only j - i >= k (the clipped labels of Shaw §3.2)."""
+    keeps only j - i <= -k, "upper" only j - i >= k (the clipped labels of Shaw §3.2).
+
+    Causality and the tails are one band lo <= j - i <= hi whose ends are captured tensors, not Python
+    values: the compiled kernel guards on the closure's Python values, so the full pass and both tails
+    share one compiled graph instead of three (torch's limit is 8 graphs per function, after which it
+    falls back to the unfused kernel that writes the logits out)."""
     if keep is None and not causal and not tail:
         return None
+    lo = k if tail == "upper" else -_FAR
+    hi = min(0 if causal else _FAR, -k if tail == "lower" else _FAR)
+    lo_t, hi_t = torch.tensor(lo, device=off.device), torch.tensor(hi, device=off.device)
     rows, batch = keep is not None and keep.shape[2] > 1, keep is not None and keep.shape[0] > 1
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         d = kv_idx - q_idx - off
-        ok = torch.ones_like(d, dtype=torch.bool)
+        ok = (d >= lo_t) & (d <= hi_t)
         if keep is not None:
             ok = ok & keep[b if batch else 0, 0, q_idx if rows else 0, kv_idx]
-        if causal:
-            ok = ok & (d <= 0)
-        if tail == "lower":
-            ok = ok & (d <= -k)
-        elif tail == "upper":
-            ok = ok & (d >= k)
         return ok
 
     return mask_mod

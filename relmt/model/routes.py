@@ -20,12 +20,14 @@ auto picks, per call:
 - reference when exporting (ONNX, torch.export, AOTInductor: the graphs must not hold a Python loop
   or a FlexAttention kernel), for a single query row (a decoding step: no n x m tensor exists), and
   under torch.compile on the CPU;
-- on CUDA: flex where it serves (no attention dropout, a head size that is a power of two >= 16, a
-  float32/bf16/fp16 dtype);
-- otherwise (the CPU; CUDA with attention dropout): chunked once the reference's (B, H, n, m) logits
-  would exceed `CHUNK_BYTES`, else reference. The CPU's threshold comes from
-  scripts/bench/bench_attention_routes.py (docs/results/performance/attention_routes_cpu.md); CUDA's choice awaits a GPU
-  measurement.
+- on CUDA, the reference until its (B, H, n, m) logits would exceed `CHUNK_BYTES`; beyond, flex where
+  it serves (no attention dropout, a head size that is a power of two >= 16, a float32/bf16/fp16 dtype),
+  else chunked. The one CUDA measurement so far (docs/results/gpu/gpu_issue43.md, an H200) found the
+  reference as fast as chunked at n = 128 (flex there had fallen back to its unfused kernel after torch's
+  8 compilations, since fixed in flex.py), and each new shape of flex compiles: flex is taken where memory
+  asks for it, not before;
+- on the CPU: chunked once the logits would exceed `CHUNK_BYTES` from `CPU_MIN_ROWS` query rows on, else
+  the reference (scripts/bench/bench_attention_routes.py, docs/results/performance/attention_routes_cpu.md).
 """
 
 from __future__ import annotations
@@ -102,13 +104,13 @@ def choose(q: Tensor, m: int, p: float) -> str:
     if forced != "auto":
         return forced
     b, h, n, _ = q.shape
-    if n == 1:
+    if n == 1 or b * h * n * m * q.element_size() <= CHUNK_BYTES:
         return "reference"
-    if q.device.type == "cuda" and flex_serves(q, p):
-        return "flex"
+    if q.device.type == "cuda":
+        return "flex" if flex_serves(q, p) else "chunked"
     if q.device.type == "cpu" and (torch.compiler.is_compiling() or n < CPU_MIN_ROWS):
         return "reference"
-    return "chunked" if b * h * n * m * q.element_size() > CHUNK_BYTES else "reference"
+    return "chunked"
 
 
 def attend(route: str, q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | None, bias: Tensor | None,
