@@ -143,6 +143,23 @@ def test_gpu_checks_script_parses():
     subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu/gpu_wheels.sh")], check=True)
 
 
+def test_the_gpu_calls_plugin_prints_why_a_test_failed_as_it_fails(tmp_path):
+    """scripts/gpu/pytest_instant.py: a failure's reason comes right after its line, before the next test runs
+    (a call cut off by its time box never reaches pytest's summary)."""
+    import os
+    import subprocess
+
+    (tmp_path / "test_two.py").write_text("def test_fails():\n    assert 2 + 2 == 5, 'arithmetic'\n\n"
+                                          "def test_passes():\n    print('second test ran')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts/gpu")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-s", "-p", "pytest_instant", "--tb=short",
+                           "-p", "no:cacheprovider", str(tmp_path / "test_two.py")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    out = done.stdout
+    assert done.returncode == 1 and "--- why test_two.py::test_fails failed (call):" in out
+    assert out.index("AssertionError: arithmetic") < out.index("second test ran")
+
+
 def test_a_size_that_runs_out_of_gpu_memory_is_measured_again_on_smaller_batches(monkeypatch):
     """One shot at a GPU: out of memory at the paper's batch, bench_train.py measures that size again at two
     thirds the budget (and says so in its rows), or names the error, and goes on with the next part."""

@@ -44,7 +44,11 @@ mkdir -p "$EXTRA"
 # --- set-up: the missing packages from wheels, relmt from this checkout, its console scripts -----------
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { log "wheel install failed"; exit 1; }
-export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export PYTHONPATH=$PWD:/tmp/site:$PWD/scripts/gpu PATH=/tmp/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
+  HF_DATASETS_OFFLINE=1
+# The console scripts go beside the interpreter too: the tests run them as Path(sys.executable).parent/relmt-*,
+# as in a venv (the 2026-11-27 suite lost every test_train_cli, lifecycle and patience test to their absence).
+PYBIN=$(python3 -c "import os, sys; print(os.path.dirname(sys.executable))")
 mkdir -p /tmp/bin
 for entry in prepare:relmt.cli.prepare:main train:relmt.cli.train:main average:relmt.cli.average:main \
              translate:relmt.cli.translate:main score:relmt.cli.score:main export:relmt.cli.export:main \
@@ -53,6 +57,7 @@ for entry in prepare:relmt.cli.prepare:main train:relmt.cli.train:main average:r
   printf '#!/usr/bin/env python3\nimport sys\nfrom %s import %s\nsys.exit(%s())\n' "$module" "$func" "$func" \
     > "/tmp/bin/relmt-$name"
   chmod +x "/tmp/bin/relmt-$name"
+  cp "/tmp/bin/relmt-$name" "$PYBIN/" 2>/dev/null || log "cannot write relmt-$name into $PYBIN"
 done
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; lscpu | grep "Model name"
   git log -1 --format="git %h %cI" 2>/dev/null
@@ -76,8 +81,8 @@ fi
 # --- tests: the CUDA tests ------------------------------------------------------------------------------
 if want tests; then
   t=$(box 150); log "CUDA tests (pytest -m gpu), box ${t}s"
-  timeout "$t" python3 -m pytest -v -s -p no:cacheprovider -m gpu -rfE --timeout 100 --continue-on-collection-errors \
-    tests > "$OUT/tests.txt" 2>&1
+  timeout "$t" python3 -m pytest -v -s -p no:cacheprovider -p pytest_instant --tb=short -m gpu -rfE --timeout 100 \
+    --continue-on-collection-errors tests > "$OUT/tests.txt" 2>&1
   log "tests exit $?: $(tail -1 "$OUT/tests.txt")"
 fi
 
@@ -87,6 +92,7 @@ if want attn; then
   if [ -f scripts/bench/bench_attention_routes.py ]; then
     # shellcheck disable=SC2086
     timeout "$t" python3 scripts/bench/bench_attention_routes.py --device cuda --dropout 0 --repeats 3 --min-seconds 0.2 \
+      --lengths 1024 128 512 \
       --cases ${ATTN_CASES:-abs rel:reference rel:chunked rel:flex t5:reference t5:flex} \
       --out "$OUT/attn.json" --md "$OUT/attn.md" >> "$OUT/log.txt" 2>&1
   else
@@ -118,8 +124,8 @@ fi
 # --- suite: the rest of the suite on CUDA, -v so that a cut-off run still names its failures -----------
 if want suite; then
   t=$(box "${SUITE_TIMEOUT:-420}"); log "whole suite but the slow end-to-end runs (make test-fast), device auto, box ${t}s"
-  timeout "$t" python3 -m pytest -v -p no:cacheprovider -m "not slow and not exhaustive and not gpu" \
-    -n 14 -rfE --timeout 120 -p no:benchmark > "$OUT/suite.txt" 2>&1
+  timeout "$t" python3 -m pytest -v -p no:cacheprovider -p pytest_instant --tb=short \
+    -m "not slow and not exhaustive and not gpu" -n 14 -rfE --timeout 120 -p no:benchmark > "$OUT/suite.txt" 2>&1
   log "suite exit $?: $(tail -1 "$OUT/suite.txt")"
 fi
 
