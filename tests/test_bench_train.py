@@ -44,8 +44,8 @@ def test_wmt_like_workload_prepares_once_and_the_benchmark_runs(tmp_path):
     stamp = (data / "meta.json").stat().st_mtime_ns
     out, md = tmp_path / "t.json", tmp_path / "t.md"
     run_script("bench_train.py", *common, "--sizes", "tiny", "--steps", "2", "--warmup", "1", "--device", "cpu",
-               "--tgt-tokens", "300", "--peak-n", "64", "--pad-to-multiple", "8", "--out", str(out),
-               "--md", str(md))
+               "--tgt-tokens", "300", "--peak-n", "64", "--pad-to-multiple", "8", "--profile-steps", "1",
+               "--out", str(out), "--md", str(md))
     assert (data / "meta.json").stat().st_mtime_ns == stamp  # the prepared data is reused, not rebuilt
     payload = json.loads(out.read_text())
     rows = payload["rows"]
@@ -53,11 +53,15 @@ def test_wmt_like_workload_prepares_once_and_the_benchmark_runs(tmp_path):
     for r in rows:
         assert r["system"] == "relmt" and r["size"] == "tiny" and r["steps"] == 2
         assert r["tgt_tokens_per_s"] > 0 and 0 < r["mfu"] and r["mfu_abs_flops"] > 0 and r["peak_mib"] is None
+        top = r["top_ops"]  # --profile-steps: where the step goes, most first
+        assert 0 < len(top) <= 12 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0
+        assert sum(o["share"] for o in top) <= 1 + 1e-9
     assert rows[0]["over_abs_step_time"] == 1.0 and rows[0]["mfu_abs_flops"] == rows[0]["mfu"]
     assert payload["settings"]["precision"] == "auto" and payload["vocab_size"] == meta["vocab_size"]
     assert payload["mean_tokens_per_batch"]["tgt"] > 0 and "WMT-like" in payload["workload"]
     text = md.read_text()
     assert "step time / abs" in text and "MFU at abs's FLOPs" in text and str(shared) in text
+    assert "## Where each step goes" in text and "### tiny rel" in text
 
 
 def load_onmt_train():

@@ -185,6 +185,24 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def top_ops(step, batches: list, device: torch.device, n: int = 12) -> list[dict]:
+    """torch.profiler over `step` on `batches`: the n entries with the most self time, per step, on the device
+    (kernels, on CUDA) or the CPU: where a mode's step time goes beside abs's."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for batch in batches:
+            step(batch)
+        sync(device)
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    total = sum(getattr(e, attr) for e in events)
+    return [{"op": e.key[:90], "ms_per_step": getattr(e, attr) / 1e3 / len(batches), "share": getattr(e, attr) / total,
+             "calls_per_step": e.count / len(batches)}
+            for e in sorted(events, key=lambda e: -getattr(e, attr))[:n]]
+
+
 def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list, device: torch.device,
                  amp: torch.dtype | None, peak: float, shape_warmup: bool) -> list[dict]:
     """Every positions mode of one model size on the same batches, timed paired; one row per mode."""
@@ -224,6 +242,8 @@ def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list,
                 seconds[kind] += time.perf_counter() - t0
                 if device.type == "cuda":
                     step_peak[kind] = max(step_peak[kind], torch.cuda.max_memory_allocated(device) - before)
+    profiles = {kind: top_ops(lambda b, kind=kind: step(kind, b), timed[:args.profile_steps], device)
+                for kind in runs} if args.profile_steps else {}
     src = sum(b.n_src_tokens for b in timed)
     tgt = sum(b.n_tgt_tokens for b in timed)
     median = sorted(timed, key=lambda b: b.n_src_tokens + b.n_tgt_tokens)[len(timed) // 2]
@@ -238,7 +258,7 @@ def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list,
                      "src_tgt_tokens_per_s": tps, "flops_per_token": flops_per_token,
                      "mfu": flops_per_token * tps / peak,
                      "peak_mib": (state_bytes(model, optimizer) + step_peak[kind]) / 2 ** 20
-                     if device.type == "cuda" else None})
+                     if device.type == "cuda" else None} | ({"top_ops": profiles[kind]} if profiles else {}))
     runs.clear()  # the models go before the next size
     return relative_to_abs(rows, peak)
 
@@ -336,6 +356,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--precision", choices=[p.value for p in Precision],
                     help="default auto WMT-like (bf16 on CUDA, fp32 on CPU), fp32 otherwise")
     ap.add_argument("--compile", action="store_true", help="compile the model as train.compile=true does")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after timing, profile this many timed batches per mode: its top operators (kernels on CUDA)")
     ap.add_argument("--shape-warmup", choices=["auto", "on", "off"], default="auto",
                     help="run every timed batch once per mode, untimed, before timing (auto: on CUDA, where the "
                          "first step of a new batch shape pays one-off kernel set-up; docs/results/gpu/gpu_checks.md)")
@@ -445,7 +467,18 @@ def report(args: argparse.Namespace, rows: list[dict], device: torch.device, pea
             f"MFU = counted model FLOPs per token x tokens/s / the measured matmul peak "
             f"({peak / 1e9:.0f} GFLOP/s).{onmt}\n\n"
             f"- command: `{command_line()}`\n- hardware: {hw.get('gpu', hw['cpu'])}, torch {hw['torch']}\n"
-            f"- date: {hw['date']} (git {hw['git']})\n\n{table}\n")
+            f"- date: {hw['date']} (git {hw['git']})\n\n{table}\n{profile_section(rows, args.profile_steps)}")
+
+
+def profile_section(rows: list[dict], steps: int) -> str:
+    """Each profiled mode's top operators (--profile-steps), one table per mode."""
+    profiled = [r for r in rows if r.get("top_ops")]
+    if not profiled:
+        return ""
+    columns = [("op", "operator or kernel"), ("ms_per_step", "self ms per step"), ("share", "share"),
+               ("calls_per_step", "calls per step")]
+    return "\n## Where each step goes (torch.profiler, self time, " + f"{steps} timed batches)\n" + "".join(
+        f"\n### {r['size']} {r['positions']}\n\n{markdown_table(r['top_ops'], columns)}\n" for r in profiled)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #            scripts/bench/bench_attention.py where it is absent), ATTN_CASES; box 90 s
 #   train43  issue 43 §4: scripts/bench/bench_train.py on the WMT-like workload (real en-de text, 32k BPE, batches
 #            of TGT_TOKENS=25000 target tokens, the paper's), base then big, bf16, abs rel both rope alibi t5,
-#            STEPS=10 timed steps, every timed shape warm; after each size OpenNMT-py 3.5.1 abs and rel on the
+#            STEPS=10 timed steps, every timed shape warm, then 3 profiled (each mode's top kernels, to say where rel's
+#            time goes); after each size OpenNMT-py 3.5.1 abs and rel on the
 #            same workload (--onmt); a size that runs out of GPU memory is measured again at 2/3 the batch;
 #            the JSON is rewritten after each part, so a cut-off run keeps what finished; box: the rest
 #   compiled train43's relmt part with train.compile's torch.compile (symbolic sizes), base, abs and rel, to set
@@ -106,7 +107,7 @@ fi
 if want train43; then
   t=$(box 400); log "bench_train WMT-like base big bf16, OpenNMT-py abs rel, box ${t}s"
   timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base big --precision bf16 --device cuda \
-    --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --onmt abs rel --onmt-steps 40 \
+    --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --profile-steps 3 --onmt abs rel --onmt-steps 40 \
     --onmt-warmup 20 --onmt-timeout 90 --onmt-work "$EXTRA/onmt" --out "$OUT/train43.json" --md "$OUT/train43.md" \
     >> "$OUT/log.txt" 2>&1
   log "train43 exit $?"
