@@ -116,9 +116,10 @@ class MultiHeadAttention(nn.Module):
             index = rel.index(n, m, q_offset, q.device)  # (n, m) labels clip(j - i, k) + k
             if rel.w_k is not None and rel.w_v is None:
                 # Shaw §3.3: e_ij = (q_i·k_j + q_i·a^K_ij) / sqrt(d_z); the second term is a bias.
-                bias = rel.key_logits(q, index) if bias is None else bias + rel.key_logits(q, index)
+                logits = rel.key_logits(q, index, q_offset)
+                bias = logits if bias is None else bias + logits
         if rel is not None and rel.w_v is not None:
-            z = self._relative(q, k, v, keep_mask(mask, causal, n, m, q_offset, q.device), index, bias, p)
+            z = self._relative(q, k, v, keep_mask(mask, causal, n, m, q_offset, q.device), index, q_offset, bias, p)
         elif bias is None and causal and mask is None and q_offset == 0 and n == m and n > 1:
             # a Python branch, not is_causal=n > 1: with symbolic sizes (compiled training) that is a SymBool,
             # which SDPA refuses, and the graph would break in every decoder layer
@@ -132,7 +133,7 @@ class MultiHeadAttention(nn.Module):
         b = x.shape[0]
         return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))
 
-    def _relative(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, index: Tensor,
+    def _relative(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, index: Tensor, q_offset: int,
                   bias: Tensor | None, p: float) -> Tensor:
         """Attention written out for a^V; q is already scaled by 1/sqrt(d_z). Returns (B, H, n, D)."""
         rel = self.rel
@@ -141,12 +142,12 @@ class MultiHeadAttention(nn.Module):
         # mask applied in place (autograd saves neither buffer): two of them alive at once, not three.
         scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, n, m)
         if rel.w_k is not None:
-            scores += rel.key_logits(q, index)
+            scores += rel.key_logits(q, index, q_offset)
         if bias is not None:
             scores += bias
         if keep is not None:
             scores.masked_fill_(~keep, float("-inf"))
         attn = dropout(torch.softmax(scores, dim=-1), p)  # alpha_ij
         # Shaw §3.1 eq. (3): z_i = sum_j alpha_ij (x_j W^V + a^V_ij)
-        return torch.matmul(attn, v) + rel.value_term(attn, index)
+        return torch.matmul(attn, v) + rel.value_term(attn, index, q_offset)
 

@@ -69,7 +69,7 @@ def _block(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | 
     if rel is not None:
         index = rel.index(c, m, q_offset, q.device)  # (c, m) labels clip(j - i, k) + k
         if rel.w_k is not None:  # Shaw §3.3: the q_i·a^K_ij term of eq. (4)
-            scores += rel.key_logits(q, index)
+            scores += rel.key_logits(q, index, q_offset)
     if bias is not None:
         scores += bias
     keep = _keep(mask, causal, c, m, q_offset, q.device)
@@ -78,7 +78,7 @@ def _block(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | 
     attn = dropout(torch.softmax(scores, dim=-1), p)  # alpha_ij
     z = torch.matmul(attn, v)  # Shaw eq. (3), first term
     if rel is not None and rel.w_v is not None:
-        z = z + rel.value_term(attn, index)  # second term: sum_j alpha_ij a^V_ij
+        z = z + rel.value_term(attn, index, q_offset)  # second term: sum_j alpha_ij a^V_ij
     return z
 
 

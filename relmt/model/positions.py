@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from relmt.model.labels import gather_labels, sum_labels
+
 
 def sinusoidal_encoding(positions: Tensor, d_model: int) -> Tensor:
     """Vaswani §3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
@@ -82,11 +84,11 @@ class RelativePositions(nn.Module):
     def index(self, q_len: int, k_len: int, q_offset: int, device: torch.device) -> Tensor:
         return relative_index(q_len, k_len, self.max_relative_position, q_offset, device)
 
-    def key_logits(self, q: Tensor, index: Tensor) -> Tensor:
+    def key_logits(self, q: Tensor, index: Tensor, q_offset: int = 0) -> Tensor:
         """Shaw §3.3, eq. (5) second term: q_i · a^K_ij for all (i, j).
 
-        q: (B, H, n, D), index: (n, m). R = q · (w^K)^T is (B, H, n, 2k+1); gathering R at the
-        labels of the index gives (B, H, n, m).
+        q: (B, H, n, D), index: (n, m), the labels of query positions q_offset.. R = q · (w^K)^T is
+        (B, H, n, 2k+1); gathering R at the labels of the index gives (B, H, n, m) (relmt/model/labels.py).
         """
         assert self.w_k is not None
         if q.shape[2] == 1 and in_graph():
@@ -97,18 +99,17 @@ class RelativePositions(nn.Module):
             r = (q[:, :, :, None, :] * self.w_k[None, :, None]).sum(-1)  # (B, H, 1, 2k+1)
         else:
             r = _per_label(q, self.w_k, "bhnd,hrd->bhnr", "bhnd,rd->bhnr")  # (B, H, n, 2k+1)
-        return r.gather(-1, index.expand(*r.shape[:-1], index.shape[-1]))  # (B, H, n, m)
+        return gather_labels(r, index, self.max_relative_position, q_offset)  # (B, H, n, m)
 
-    def value_term(self, attn: Tensor, index: Tensor) -> Tensor:
+    def value_term(self, attn: Tensor, index: Tensor, q_offset: int = 0) -> Tensor:
         """Shaw §3.1, eq. (3) second term: sum_j alpha_ij a^V_ij.
 
-        attn: (B, H, n, m) attention weights. Scatter-adding alpha into the 2k+1 label buckets
-        gives S (B, H, n, 2k+1) with S_ir = sum over j with label r of alpha_ij; then S · w^V.
-        Returns (B, H, n, D).
+        attn: (B, H, n, m) attention weights, index: their (n, m) labels. Adding alpha up per label
+        gives S (B, H, n, 2k+1) with S_ir = sum over j with label r of alpha_ij (relmt/model/labels.py);
+        then S · w^V. Returns (B, H, n, D).
         """
         assert self.w_v is not None
-        buckets = attn.new_zeros(*attn.shape[:-1], self.w_v.shape[1])  # (B, H, n, 2k+1)
-        buckets.scatter_add_(-1, index.expand_as(attn), attn)
+        buckets = sum_labels(attn, index, self.max_relative_position, q_offset)  # (B, H, n, 2k+1)
         if attn.shape[2] == 1 and in_graph():  # a compiled decoder step: see key_logits
             return (buckets[..., None] * self.w_v[None, :, None]).sum(-2)  # (B, H, 1, D)
         return _per_label(buckets, self.w_v, "bhnr,hrd->bhnd", "bhnr,rd->bhnd")  # (B, H, n, D)

@@ -1,0 +1,82 @@
+"""relmt/model/labels.py: CUDA's sums per label, without scatter_add's atomics, equal scatter_add's, and the gather
+whose gradient they give equals torch's gather in value and gradient (float64 on the CPU, the sums forced)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relmt.config import ModelConfig
+from relmt.model import labels
+from relmt.model.positions import relative_index
+from relmt.model.transformer import build_model
+from tests import test_incremental as inc
+
+# (n, m, k, q_offset): a full pass, k past the length, k 1 and 0, a block of rows (chunked route), a
+# decoder chunk after a prefix, one decoding step, and more rows than keys
+SHAPES = [(7, 7, 3, 0), (5, 5, 9, 0), (6, 6, 1, 0), (4, 4, 0, 0), (3, 9, 2, 4), (4, 10, 3, 6), (1, 8, 3, 7),
+          (6, 3, 2, 0)]
+
+
+def scatter(x: torch.Tensor, index: torch.Tensor, k: int) -> torch.Tensor:
+    return x.new_zeros(*x.shape[:-1], 2 * k + 1).scatter_add_(-1, index.expand_as(x), x)
+
+
+@pytest.mark.parametrize("n,m,k,q_offset", SHAPES)
+def test_sums_without_atomics_equal_scatter_add(n, m, k, q_offset):
+    torch.manual_seed(n * 100 + m * 10 + k)
+    x = torch.randn(2, 3, n, m, dtype=torch.float64)
+    index = relative_index(n, m, k, q_offset)
+    got = labels._sum_without_atomics(x, k, q_offset)
+    torch.testing.assert_close(got, scatter(x, index, k), rtol=1e-12, atol=1e-12)
+    # bf16 values are summed in float32 and rounded once: as close as one rounding of the exact sums
+    low = labels._sum_without_atomics(x.bfloat16(), k, q_offset)
+    exact = scatter(x.bfloat16().double(), index, k)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), exact, rtol=2 ** -8, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,m,k,q_offset", SHAPES)
+def test_the_gather_sums_its_gradient_per_label_without_atomics(n, m, k, q_offset):
+    torch.manual_seed(n + m + k)
+    index = relative_index(n, m, k, q_offset)
+    r = torch.randn(2, 3, n, 2 * k + 1, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 3, n, m, dtype=torch.float64)
+    got = labels._GatherLabels.apply(r, index, k, q_offset)
+    want = r.gather(-1, index.expand(2, 3, n, m))
+    assert torch.equal(got, want)
+    (g_got,) = torch.autograd.grad((got * w).sum(), r)
+    (g_want,) = torch.autograd.grad((want * w).sum(), r)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: labels._GatherLabels.apply(t, index, k, q_offset), (r,))
+
+
+@pytest.mark.parametrize("mode", ["rel", "both", "rel-keys-only", "rel-values-only", "rel-shared-heads"])
+def test_a_model_trains_and_decodes_alike_with_the_sums_of_either_device(mode, monkeypatch):
+    """The whole model, float64: logits and every gradient with the atomic-free sums (CUDA's) equal those with
+    scatter_add (the CPU's), and cached decoding with them equals the full pass."""
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                      attention_dropout=0.0, activation_dropout=0.0, **inc.MODES[mode])
+    torch.manual_seed(0)
+    net = build_model(cfg, inc.V, inc.PAD).double().train()
+    src, tgt = inc.batch()
+    results = []
+    for forced in (False, True):
+        monkeypatch.setattr(labels, "atomic_free", lambda t, forced=forced: forced)
+        logits = net(src, tgt)
+        results.append([logits, *torch.autograd.grad(logits.pow(2).mean(), list(net.parameters()))])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    net.eval()
+    with torch.no_grad():
+        memory, src_mask = net.encode(src)
+        inc.run_steps(net, tgt, memory, src_mask, None, 0, tgt.shape[1])
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_sums_go_without_atomics_and_equal_scatter_add():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 33, 33, device="cuda")
+    index = relative_index(33, 33, 16, 0, torch.device("cuda"))
+    assert labels.atomic_free(x)
+    torch.testing.assert_close(labels.sum_labels(x, index, 16, 0), scatter(x, index, 16), rtol=1e-5, atol=1e-5)
