@@ -27,6 +27,19 @@ def float64():
     torch.set_default_dtype(old)
 
 
+@pytest.fixture(scope="module")
+def cpu_for_auto():
+    """device=auto means the CPU for a module's tests, in this process and in the commands they start (CUDA
+    hidden), as on a machine without a GPU. For modules that pin float32 results reached along two paths
+    (sampling's top-1 against greedy, the API's scores against score_references on the CPU, an ensemble of
+    copies against its model): on CUDA auto means bf16 and kernels that vary with the batch, and those
+    equivalences are tests/test_cuda.py's, at bf16 tolerances."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUDA_VISIBLE_DEVICES", "")
+        mp.setattr(torch.cuda, "is_available", lambda: False)
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked gpu need a CUDA device (make test-gpu); without one they are skipped, saying so."""
     if torch.cuda.is_available():

@@ -19,6 +19,7 @@ from relmt.errors import UserError
 from tests.tiny_checkpoints import SENTENCES, model_config, random_model, toy_tokenizer, write_checkpoint
 
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("cpu_for_auto")  # CPU float32 pins: see conftest.py
 
 
 @pytest.fixture(scope="module")

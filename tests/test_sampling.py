@@ -23,6 +23,7 @@ from relmt.model.transformer import build_model
 from tests.tiny_checkpoints import SENTENCES, toy_tokenizer, write_checkpoint
 
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("cpu_for_auto")  # CPU float32 pins: see conftest.py
 INF = float("-inf")
 
 

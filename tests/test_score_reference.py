@@ -25,6 +25,7 @@ from relmt.train.loss import label_smoothed_nll
 from tests.tiny_checkpoints import SENTENCES, toy_tokenizer, write_checkpoint
 
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("cpu_for_auto")  # CPU float32 pins: see conftest.py
 RELMT_TRANSLATE = str(Path(sys.executable).parent / "relmt-translate")
 REFERENCES = ["der hund sah die katze", "ein kleiner roter vogel sang", "alice sagte dass bob ankam",
               "die alten lehrer nahe dem fluss grüßten meine katzen", "bob lief"]
