@@ -499,9 +499,10 @@ def test_bench_attention_routes_runs(tmp_path):
     subprocess.run([sys.executable, script, "--lengths", "16",
                     "--tokens", "64", "--d-model", "32", "--heads", "2", "--k", "2", "--repeats", "1",
                     "--min-seconds", "0", "--cases", "abs", "rel:reference", "rel:chunked@1", "t5:chunked",
-                    "--out", str(out), "--md", str(md)], check=True, capture_output=True, text=True, cwd=root)
+                    "rel:reference+scatter", "--out", str(out), "--md", str(md)],
+                   check=True, capture_output=True, text=True, cwd=root)
     rows = json.loads(out.read_text())["rows"]
-    assert [r["case"] for r in rows] == ["abs", "rel:reference", "rel:chunked@1", "t5:chunked"]
+    assert [r["case"] for r in rows] == ["abs", "rel:reference", "rel:chunked@1", "t5:chunked", "rel:reference+scatter"]
     assert all(r["ms"] > 0 and r["peak_mib"] > 0 and r["auto"] == "reference" for r in rows)
     assert "| n " in md.read_text()
 

@@ -7,7 +7,8 @@ A case is MODE:ROUTE[@MIB]:
   keys (a^K only), t5, alibi;
 - ROUTE: reference (the written-out route), chunked (blocks of query rows recomputed in backward; @MIB
   sets the block budget, relmt.model.chunked.BLOCK_BYTES, default 64), flex (FlexAttention: CUDA, and
-  only without attention dropout: pass --dropout 0).
+  only without attention dropout: pass --dropout 0); a suffix +scatter sums per label with scatter_add on
+  every device (relmt/model/labels.py; CUDA's default avoids its atomics), to time the two on one GPU.
 The base model's shape (d_model 512, 8 heads), a fixed token budget (batch = tokens // n).
 
 Peak memory counts every tensor allocated in one forward + backward (relmt.bench.PeakMemory on the CPU,
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from relmt.bench import command_line, hardware, markdown_table, peak_memory_bytes, time_interleaved, write_json
-from relmt.model import chunked, routes
+from relmt.model import chunked, labels, routes
 from relmt.model.attention import MultiHeadAttention
 from relmt.model.positions import NO_TERMS, ALiBi, RelativePositions, T5Bias
 
@@ -84,14 +85,16 @@ def cpu_times(steps: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def parse(case: str) -> tuple[str, str, int | None]:
+def parse(case: str) -> tuple[str, str, int | None, bool]:
+    """MODE:ROUTE[+scatter][@MIB] -> (mode, route, MIB or None, whether sums per label use scatter_add)."""
     mode, _, rest = case.partition(":")
     route, _, mib = (rest or "reference").partition("@")
-    return mode, route, int(mib) if mib else None
+    route, _, how = route.partition("+")
+    return mode, route, int(mib) if mib else None, how == "scatter"
 
 
 def measure(case: str, n: int, args: argparse.Namespace, device: torch.device) -> tuple[dict, object]:
-    mode, route, mib = parse(case)
+    mode, route, mib, scatter = parse(case)
     batch = max(1, args.tokens // n)
     torch.manual_seed(0)
     layer = Layer(mode, args.d_model, args.heads, args.k, args.dropout).to(device).train()
@@ -102,13 +105,15 @@ def measure(case: str, n: int, args: argparse.Namespace, device: torch.device) -
     amp = args.precision != "fp32"
 
     def run(fn):
-        old = chunked.BLOCK_BYTES
+        old, sums = chunked.BLOCK_BYTES, labels.atomic_free
         chunked.BLOCK_BYTES = budget
+        if scatter:
+            labels.atomic_free = lambda t: False
         try:
             with routes.use_route(route), torch.autocast(device.type, dtype=DTYPES[args.precision], enabled=amp):
                 return fn()
         finally:
-            chunked.BLOCK_BYTES = old
+            chunked.BLOCK_BYTES, labels.atomic_free = old, sums
 
     def step() -> None:
         def go():

@@ -94,7 +94,7 @@ if want attn; then
     # shellcheck disable=SC2086
     timeout "$t" python3 scripts/bench/bench_attention_routes.py --device cuda --dropout 0 --repeats 3 --min-seconds 0.2 \
       --lengths 1024 128 512 \
-      --cases ${ATTN_CASES:-abs rel:reference rel:chunked rel:flex t5:reference t5:flex} \
+      --cases ${ATTN_CASES:-abs rel:reference rel:reference+scatter rel:chunked rel:flex t5:reference t5:flex} \
       --out "$OUT/attn.json" --md "$OUT/attn.md" >> "$OUT/log.txt" 2>&1
   else
     timeout "$t" python3 scripts/bench/bench_attention.py --device cuda --min-seconds 0.2 --repeats 3 \
