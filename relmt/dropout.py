@@ -11,6 +11,11 @@ was the slow part on CPU: docs/results/performance/perf_log_wave4.md). The saved
 bytes an element where a bool mask took one. Masks come from torch's default CPU generator, so seeding
 and checkpointed RNG state reproduce them. Off CPU, `F.dropout` (a fused kernel there) is used
 unchanged.
+
+`counter_keep` is the other kind of mask: a hash of a seed and each element's coordinates, so that a fused
+attention kernel and plain torch can recompute the same mask wherever they need it without storing it
+(the flex attention route's dropout, relmt/model/flex.py). `hash32` is the hash; decoding's sampling draws
+its numbers with it too.
 """
 
 from __future__ import annotations
@@ -58,3 +63,39 @@ class Dropout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: Tensor, a: int) -> Tensor:
+    """(x * a) mod 2^32 for x in [0, 2^32) held in int64, without overflowing int64: a is split
+    into 16-bit halves, so that no product exceeds 2^48."""
+    return (x * (a & 0xFFFF) + (((x * (a >> 16)) & 0xFFFF) << 16)) & MASK32
+
+
+def hash32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash of each element (Chris Wellons' `lowbias32`, an avalanching mix)."""
+    x = x & MASK32
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_threshold(p: float) -> tuple[int, float]:
+    """`counter_keep`'s threshold for drop probability p (rounded to a multiple of 2^-32) and the scale of
+    the kept elements, 1 / (1 - that probability)."""
+    t = min(round(p * 2**32), 2**32 - 1)
+    return t, 2**32 / (2**32 - t)
+
+
+def counter_keep(seed: Tensor, threshold: int, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+    """Keep element (b, h, i, j) of an attention-weights tensor unless the hash of the seed and its coordinates
+    falls below threshold. The coordinates are any broadcastable integer tensors (a kernel's scalars, or
+    aranges); the packing into 64 bits takes rows and keys below 2^16, heads below 2^12 and batches below 2^19,
+    and uses no sizes, so a compiled kernel's closure holds none."""
+    low = (i.to(torch.int64) << 16) | j.to(torch.int64)
+    high = (b.to(torch.int64) << 12) | h.to(torch.int64)
+    return hash32(hash32(low ^ seed) ^ high) >= threshold

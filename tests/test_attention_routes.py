@@ -7,7 +7,8 @@
 - flex (relmt/model/flex.py): the decomposition (kernel out and lse, the band's weights, the two tails'
   masses) equals the reference with the written-out core (`dense_core`), outputs and gradients with
   respect to q, k, v (through the projections), w^K, w^V and T5's table; with FlexAttention itself on
-  the CPU (inference only there) forward; on CUDA (make test-gpu) forward and backward, bf16 included.
+  the CPU (inference only there) forward; on CUDA (make test-gpu) forward and backward, bf16 included;
+  with attention dropout, against the chunked route with the same hashed mask.
 Each is checked in encoder self-attention with padding, causal decoder self-attention, a multi-token
 step at an offset and a cached decoding step (one query), for every mode that adds to the logits or
 uses a^V. Then the chooser and its setting.
@@ -25,6 +26,7 @@ import pytest
 import torch
 
 from relmt.config import ModelConfig
+from relmt.dropout import counter_keep, counter_threshold
 from relmt.errors import UserError
 from relmt.model import chunked, flex, routes
 from relmt.model.attention import MultiHeadAttention
@@ -123,6 +125,56 @@ def test_flex_decomposition_with_the_dense_core_equals_reference(mode, call, dty
     mha, positions, inputs = make(mode, call, dtype)
     got = run("flex", mha, positions, inputs)
     assert_all_close(got, run("reference", mha, positions, inputs), dtype)
+
+
+SEED = 0x5EED
+
+
+def counter_dropout(seed: int, p: float):
+    """relmt.dropout's dropout with Dropped's hashed mask in place of its draws: the weights (B, H, n, m) of one
+    block holding every row (the chunked route's blocks at its default budget, at these sizes)."""
+    threshold, scale = counter_threshold(p)
+
+    def apply(a: torch.Tensor, p_: float) -> torch.Tensor:
+        b, h, n, m = a.shape
+        idx = [torch.arange(s, device=a.device).view([s if d == i else 1 for d in range(4)])
+               for i, s in enumerate((b, h, n, m))]
+        keep = counter_keep(torch.tensor(seed, device=a.device), threshold, *idx)
+        return a * (keep.to(a.dtype) * scale)
+
+    return apply
+
+
+@pytest.mark.parametrize("mode,call", [(m, c) for m in ("rel", "rel-keys-only", "rel-values-only", "rel-k0",
+                                                         "rel-shared-heads", "t5", "alibi")
+                                       for c in ("encoder", "decoder", "offset")])
+def test_flex_dropout_equals_the_written_out_attention_with_the_same_mask(mode, call, monkeypatch):
+    """The flex route's attention dropout (relmt/model/flex.py's Dropped: the kept keys' pass scaled by their
+    share of the weight, the band and the tails over kept keys only) equals the chunked route, which writes
+    the weights out, with the same hashed mask applied to them: outputs and every gradient, float64."""
+    p = 0.3
+    monkeypatch.setattr(flex, "flex_core", flex.dense_core)
+    monkeypatch.setattr(flex.Dropped, "draw", classmethod(
+        lambda cls, p, device: cls(torch.tensor(SEED, device=device), *counter_threshold(p))))
+    monkeypatch.setattr(chunked, "dropout", counter_dropout(SEED, p))
+    monkeypatch.setattr(routes, "choose", lambda q, m, p: routes.setting())  # flex with gradients on the CPU
+    mha, positions, inputs = make(mode, call, torch.float64, dropout=p)
+    got = run("flex", mha, positions, inputs)
+    want = run("chunked", mha, positions, inputs)
+    assert_all_close(got, want, torch.float64)
+    mha.eval()
+    assert (run("flex", mha, positions, inputs)[0] - got[0]).abs().max() > 1e-3  # the dropout was on
+
+
+def test_the_hashed_mask_keeps_one_minus_p_and_changes_with_the_seed():
+    threshold, scale = counter_threshold(0.1)
+    idx = [torch.arange(s).view([s if d == i else 1 for d in range(4)]) for i, s in enumerate((4, 8, 64, 64))]
+    keep = counter_keep(torch.tensor(SEED), threshold, *idx)
+    n = keep.numel()
+    assert abs(keep.float().mean().item() - 0.9) < 4 * (0.09 / n) ** 0.5  # within 4 standard deviations
+    assert scale == pytest.approx(1 / 0.9, rel=1e-9)
+    other = counter_keep(torch.tensor(SEED + 1), threshold, *idx)
+    assert 0.1 < (keep != other).float().mean().item() < 0.25  # independent draws differ in ~18% of places
 
 
 def test_the_upper_tail_has_its_own_pass():
@@ -294,8 +346,7 @@ def test_forced_routes_and_their_refusals():
         assert routes.choose(q_of(1, 4), 4, 0.1) == "chunked"
     with routes.use_route("flex"):
         assert routes.choose(q_of(1, 4), 4, 0.0) == "flex"  # CPU inference
-        with pytest.raises(UserError, match="attention dropout 0.1"):
-            routes.choose(q_of(1, 4), 4, 0.1)
+        assert routes.choose(q_of(1, 4), 4, 0.1) == "flex"  # with attention dropout (flex.py's Dropped)
         with pytest.raises(UserError, match="no backward on the CPU"):
             routes.choose(q_of(1, 4).requires_grad_(), 4, 0.0)
     with routes.use_route("reference"):
@@ -481,6 +532,22 @@ def test_gpu_flex_bf16_within_bf16_tolerance(mode, call):
 
     assert rel_err(got[:1], want[:1]) < 0.02 and rel_err(got[1:], want[1:]) < 0.06
     assert rel_err(got, want) < 2 * rel_err(ref16, want) + 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("no_tf32", "fresh_dynamo")
+@pytest.mark.parametrize("mode,call", [("rel", "encoder"), ("rel", "decoder"), ("t5", "encoder")])
+def test_gpu_flex_dropout_equals_the_written_out_attention_with_the_same_mask(mode, call, monkeypatch):
+    """The compiled kernel recomputes the hashed dropout mask in every pass as the CPU's test of the route does:
+    float32 on CUDA, outputs and every gradient against the chunked route with the same mask."""
+    p = 0.3
+    monkeypatch.setattr(flex.Dropped, "draw", classmethod(
+        lambda cls, p, device: cls(torch.tensor(SEED, device=device), *counter_threshold(p))))
+    monkeypatch.setattr(chunked, "dropout", counter_dropout(SEED, p))
+    mha, positions, inputs = to_cuda(*make(mode, call, torch.float32, dropout=p))
+    want = run("chunked", mha, positions, inputs)
+    for i, (a, b) in enumerate(zip(run("flex", mha, positions, inputs), want)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, i=i: f"tensor {i}: {m}")
 
 
 @pytest.mark.gpu

@@ -16,9 +16,10 @@ from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import length_penalty
 from relmt.decode.greedy import greedy_decode
 from relmt.decode.reference import score_references
-from relmt.decode.sampling import MASK32, _mul32, draw, hash32, sample, sampling_logits, uniforms
+from relmt.decode.sampling import draw, sample, sampling_logits, uniforms
 from relmt.decode.search import decode_sources
 from relmt.decode.translator import Translator
+from relmt.dropout import MASK32, _mul32, hash32
 from relmt.model.transformer import build_model
 from tests.tiny_checkpoints import SENTENCES, toy_tokenizer, write_checkpoint
 

@@ -31,25 +31,8 @@ from torch import Tensor
 
 from relmt.decode.beam import Hypothesis, length_penalty, max_lengths
 from relmt.decode.ensemble import Ensemble
+from relmt.dropout import MASK32, hash32
 from relmt.model.transformer import Transformer
-
-MASK32 = 0xFFFFFFFF
-
-
-def _mul32(x: Tensor, a: int) -> Tensor:
-    """(x * a) mod 2^32 for x in [0, 2^32) held in int64, without overflowing int64: a is split
-    into 16-bit halves, so that no product exceeds 2^48."""
-    return (x * (a & 0xFFFF) + (((x * (a >> 16)) & 0xFFFF) << 16)) & MASK32
-
-
-def hash32(x: Tensor) -> Tensor:
-    """A 32-bit integer hash of each element (Chris Wellons' `lowbias32`, an avalanching mix)."""
-    x = x & MASK32
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
 
 
 def sample_keys(seed: int, lines: Tensor, samples: int) -> Tensor:

@@ -25,8 +25,8 @@ Shaw §3.3 splits each equation in two terms; here each term gets its own exact 
 The kernel is pluggable: `flex_core` (FlexAttention; compiled on CUDA, for training and inference alike;
 on the CPU torch runs it eagerly, for inference only: there is no backward there) and `dense_core`
 (plain torch, the logits written out: a reference on any device, with gradients, to test the
-decomposition). FlexAttention has no attention dropout, so this route serves only where the attention
-dropout probability is 0 or in eval mode (relmt/model/routes.py).
+decomposition). FlexAttention has no attention dropout of its own: `Dropped` hashes a keep-mask from each
+weight's coordinates, which the kernel's passes and the band recompute alike, at the cost of one more pass.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 from torch.nn.attention.flex_attention import flex_attention as _flex_attention
 
+from relmt.dropout import counter_keep, counter_threshold
 from relmt.model.positions import RelativePositions
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
@@ -50,7 +51,7 @@ def dense_core(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, mask
                need_out: bool = True) -> tuple[Tensor, Tensor]:
     """What FlexAttention computes, written out: (out (B, H, n, D), lse (B, H, n)). score_mod and mask_mod
     get broadcastable index tensors instead of scalars, so the same functions serve both cores. A row
-    with every key masked has lse -inf (and out 0 in flex; only the tails' lse is used of such rows)."""
+    with every key masked has lse -inf and out 0, as in flex (a causal row whose one key dropout took)."""
     b, h, n, _ = q.shape
     m = k.shape[2]
     idx = [torch.arange(s, device=q.device).view([s if d == i else 1 for d in range(4)])
@@ -63,7 +64,8 @@ def dense_core(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, mask
     lse = torch.logsumexp(scores, dim=-1)
     if not need_out:
         return q.new_zeros(0), lse
-    return torch.matmul(torch.softmax(scores, dim=-1), v), lse
+    weights = torch.exp(scores - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None])  # softmax; 0 in empty rows
+    return torch.matmul(weights, v), lse
 
 
 _compiled_flex = None
@@ -186,9 +188,10 @@ def _mass(lse_part: Tensor, lse: Tensor) -> Tensor:
 
 
 def flex_attention(q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | None, bias: Tensor | None,
-                   mask: Tensor | None, causal: bool, q_offset: int, core: Core | None = None) -> Tensor:
-    """Attention with Shaw's terms and a logits bias through `core`, without dropout. q: (B, H, n, D) already
-    scaled; k, v: (B, H, m, D); bias: (H, n, m) or broadcastable to (B, H, n, m); mask: bool keep-mask
+                   mask: Tensor | None, causal: bool, q_offset: int, core: Core | None = None,
+                   p: float = 0.0) -> Tensor:
+    """Attention with Shaw's terms and a logits bias through `core`, with attention dropout p. q: (B, H, n, D)
+    already scaled; k, v: (B, H, m, D); bias: (H, n, m) or broadcastable to (B, H, n, m); mask: bool keep-mask
     broadcastable to (B, 1, n, m); query row i is position i + q_offset; core: `flex_core` when None.
     Returns (B, H, n, D)."""
     core = core or flex_core
@@ -201,24 +204,72 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | Non
     if bias is not None:
         bias = bias.contiguous()  # T5's is a permuted view; the kernel reads rows of keys
     score_mod = score_mod_for(r, bias, kk, off)
-    out, lse = core(q, k, v, score_mod, mask_mod_for(keep, causal, off), True)
+    drop = Dropped.draw(p, q.device) if p > 0 else None
+    weights = score_mod if drop is None else drop.score_mod(score_mod)  # the logits of the kept keys
+    out, lse = core(q, k, v, score_mod, mask_mod_for(keep, causal, off), drop is None)
+    if drop is not None:  # sum_j drop(alpha)_ij v_j = out_kept * (the kept keys' share of the weight) / (1 - p)
+        out, lse_kept = core(q, k, v, weights, mask_mod_for(keep, causal, off), True)
+        out = out * (_mass(lse_kept, lse) * drop.scale).to(out.dtype)[..., None]
     if rel is None or rel.w_v is None:
         return out
-    if kk == 0:  # one label for every key: S = sum_j alpha_ij = 1
-        s = torch.ones_like(lse)[..., None]
+    if kk == 0:  # one label for every key: S = sum_j drop(alpha)_ij, 1 without dropout
+        s = (torch.ones_like(lse) if drop is None else _mass(lse_kept, lse) * drop.scale)[..., None]
     else:
         band_keep = None if keep is None else keep.expand(-1, -1, q.shape[2], -1)  # (B or 1, 1, n, m), a view
         band = band_logits(q, k, r, bias, band_keep, causal, q_offset, kk)
         alpha = torch.exp(band - lse[..., None])  # (B, H, n, 2k - 1): labels 1 .. 2k - 1
-        _, lse_lower = core(q, k, v, score_mod, mask_mod_for(keep, causal, off, "lower", kk), False)
+        if drop is not None:
+            alpha = alpha * drop.band(q.shape[0], q.shape[1], q.shape[2], q_offset, kk, alpha.dtype)
+        _, lse_lower = core(q, k, v, weights, mask_mod_for(keep, causal, off, "lower", kk), False)
         lower = _mass(lse_lower, lse)
         if causal:  # j - i >= k > 0 lies in the future
             upper = torch.zeros_like(lse)
         else:
-            _, lse_upper = core(q, k, v, score_mod, mask_mod_for(keep, causal, off, "upper", kk), False)
+            _, lse_upper = core(q, k, v, weights, mask_mod_for(keep, causal, off, "upper", kk), False)
             upper = _mass(lse_upper, lse)
+        if drop is not None:
+            lower, upper = lower * drop.scale, upper * drop.scale
         s = torch.cat((lower[..., None], alpha, upper[..., None]), dim=-1)  # (B, H, n, 2k + 1)
     return out + _per_label(s.to(out.dtype), rel.w_v, "bhnr,hrd->bhnd", "bhnr,rd->bhnd")
+
+
+class Dropped:
+    """Attention dropout that every pass recomputes (relmt.dropout.counter_keep): a kernel pass gives the dropped
+    keys -inf, and the band reads the same keep-mask. With lse the log-sum-exp over every key and lse_kept over
+    the kept ones, sum_j keep_ij alpha_ij x_j = exp(lse_kept - lse) * (the kept pass's softmax average of x),
+    exactly: so one pass over every key (for lse) and one over the kept keys give eq. (3)'s first term, and the
+    tails' masses come from passes over their kept keys. The mask is a new draw of torch's generator each call,
+    so seeds and checkpointed RNG state reproduce it, but it is not the mask F.dropout would draw."""
+
+    def __init__(self, seed: Tensor, threshold: int, scale: float) -> None:
+        self.seed, self.threshold, self.scale = seed, threshold, scale
+
+    @classmethod
+    def draw(cls, p: float, device: torch.device) -> Dropped:
+        threshold, scale = counter_threshold(p)
+        return cls(torch.randint(0, 2**32, (), device=device), threshold, scale)
+
+    def keep(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return counter_keep(self.seed, self.threshold, b, h, q_idx, kv_idx)
+
+    def score_mod(self, score_mod: ScoreMod | None) -> ScoreMod:
+        """score_mod, then -inf for the dropped keys."""
+        seed, threshold = self.seed, self.threshold
+
+        def dropped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            if score_mod is not None:
+                score = score_mod(score, b, h, q_idx, kv_idx)
+            return torch.where(counter_keep(seed, threshold, b, h, q_idx, kv_idx), score, float("-inf"))
+
+        return dropped
+
+    def band(self, b: int, h: int, n: int, q_offset: int, kk: int, dtype: torch.dtype) -> Tensor:
+        """The keep-mask of the band's keys j = i + q_offset + d, |d| < kk, as 0 or the scale: (B, H, n, 2kk - 1)."""
+        device = self.seed.device
+        i = torch.arange(n, device=device).view(1, 1, n, 1)
+        j = i + q_offset + torch.arange(-(kk - 1), kk, device=device)
+        batch, heads = torch.arange(b, device=device).view(b, 1, 1, 1), torch.arange(h, device=device).view(1, h, 1, 1)
+        return self.keep(batch, heads, i, j).to(dtype) * self.scale
 
 
 def _per_label(x: Tensor, table: Tensor, per_head: str, shared: str) -> Tensor:

@@ -8,8 +8,9 @@ differ in memory and speed.
 - chunked (relmt/model/chunked.py): the written-out attention over blocks of query rows, each block
   recomputed in backward: O(B·H·c·m) memory, exact on every device, with attention dropout.
 - flex (relmt/model/flex.py): FlexAttention with Shaw's terms as a score_mod and a band-plus-tails
-  value term: O(B·H·n·k) memory. CUDA only (on the CPU torch has no backward for it), and without
-  attention dropout: in eval mode, or where the attention dropout probability is 0.
+  value term: O(B·H·n·k) memory. CUDA only for training (on the CPU torch has no backward for it).
+  Attention dropout is a mask hashed from each weight's coordinates that every pass recomputes (one
+  pass more than without dropout).
 
 One setting picks the route, for training, validation and decoding alike: the environment variable
 RELMT_ATTENTION=auto|reference|chunked|flex (auto when unset), read when relmt is imported; in code,
@@ -79,7 +80,8 @@ def _exporting() -> bool:
 
 
 def flex_serves(q: Tensor, p: float) -> bool:
-    """FlexAttention can compute this call: no attention dropout, a head size and a dtype its kernels take."""
+    """auto takes flex for this call: a head size and a dtype its kernels take, and no attention dropout (the
+    route's dropout, relmt/model/flex.py's `Dropped`, costs one more pass, and awaits a GPU measurement)."""
     d = q.shape[-1]
     return p == 0.0 and d >= 16 and d & (d - 1) == 0 and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
@@ -92,9 +94,6 @@ def choose(q: Tensor, m: int, p: float) -> str:
         return "reference"
     forced = setting()
     if forced == "flex":
-        if p:
-            raise UserError(f"{ENV}=flex: FlexAttention has no attention dropout, and this model trains with "
-                            f"attention dropout {p}: use {ENV}=chunked (or auto), or attention_dropout=0")
         if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
             raise UserError(f"{ENV}=flex: FlexAttention has no backward on the CPU (torch {torch.__version__}): "
                             f"train there with {ENV}=chunked or auto; flex serves CPU inference only")
@@ -121,4 +120,4 @@ def attend(route: str, q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions |
     if route == "chunked":
         return chunked_attention(q, k, v, rel, bias, mask, causal, q_offset, p)
     assert route == "flex", route
-    return flex_attention(q, k, v, rel, bias, mask, causal, q_offset)
+    return flex_attention(q, k, v, rel, bias, mask, causal, q_offset, p=p)
