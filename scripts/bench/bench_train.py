@@ -60,6 +60,7 @@ from relmt.config import DataConfig, ModelConfig, PosKind, Precision, Source, Sp
 from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import SplitIds, prepare
 from relmt.data.tokenizer import PAD_ID, Tokenizer
+from relmt.model import routes
 from relmt.model.transformer import build_model
 from relmt.runtime import autocast_dtype, resolve_device, tune_cpu
 from relmt.train.distributed import Dist
@@ -356,6 +357,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--precision", choices=[p.value for p in Precision],
                     help="default auto WMT-like (bf16 on CUDA, fp32 on CPU), fp32 otherwise")
     ap.add_argument("--compile", action="store_true", help="compile the model as train.compile=true does")
+    ap.add_argument("--route", choices=list(routes.ROUTES), default="auto",
+                    help="the attention route of relative and biased attention (RELMT_ATTENTION), for every mode")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="after timing, profile this many timed batches per mode: its top operators (kernels on CUDA)")
     ap.add_argument("--shape-warmup", choices=["auto", "on", "off"], default="auto",
@@ -413,7 +416,9 @@ def main() -> None:
 
     rows = []
     for size in args.sizes:  # each size, then OpenNMT-py at it; the report is rewritten after each part
-        rows += measure_fitting(size, args, ids, vocab, batches, device, amp, peak, shape_warmup)
+        with routes.use_route(args.route):
+            rows += [r | ({"route": args.route} if args.route != "auto" else {})
+                     for r in measure_fitting(size, args, ids, vocab, batches, device, amp, peak, shape_warmup)]
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the GPU to OpenNMT-py's process, or the next size
@@ -434,7 +439,7 @@ def main() -> None:
 
 def report(args: argparse.Namespace, rows: list[dict], device: torch.device, peak: float, tuned: dict, vocab: int,
            sampler: BatchSampler, described: str, per_batch: dict, shape_warmup: bool) -> None:
-    columns = [("system", "system"), ("size", "model"), ("positions", "positions"),
+    columns = [("system", "system"), ("size", "model"), ("positions", "positions"), ("route", "route"),
                ("tgt_tokens_per_s", "target tok/s"), ("src_tgt_tokens_per_s", "source+target tok/s"),
                ("step_ms", "ms/step"), ("over_abs_step_time", "step time / abs"), ("peak_mib", "peak MiB"),
                ("over_abs_memory", "memory / abs"), ("mfu", "MFU"), ("mfu_abs_flops", "MFU at abs's FLOPs"),

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks (../shared/GPU.md, issue 43) in one run on a CUDA machine. Each phase is time-boxed, and the
 # boxes shrink to fit TOTAL seconds (default 540: the default set ends inside 9 minutes on an H100 or H200).
-# Phases (PHASES, default "tests attn train43"):
+# Phases (PHASES, default "tests attn trainflex train43"):
 #   tests    every CUDA test, -v (make test-gpu: tests/test_cuda.py, the attention routes', the compiled
 #            training step's), device cuda; box 150 s
 #   attn     the attention routes, one layer forward + backward by length (scripts/bench/bench_attention_routes.py;
-#            scripts/bench/bench_attention.py where it is absent), ATTN_CASES; box 90 s
+#            scripts/bench/bench_attention.py where it is absent), ATTN_CASES; box 75 s
+#   trainflex  base abs rel t5 on the WMT-like workload with RELMT_ATTENTION=flex (bench_train.py --route flex):
+#            FlexAttention in training, attention dropout by the hashed mask; 5 timed steps; box 75 s
 #   train43  issue 43 §4: scripts/bench/bench_train.py on the WMT-like workload (real en-de text, 32k BPE, batches
 #            of TGT_TOKENS=25000 target tokens, the paper's), base then big, bf16, abs rel both rope alibi t5,
 #            STEPS=10 timed steps, every timed shape warm, then 3 profiled (each mode's top kernels, to say where rel's
@@ -24,7 +26,7 @@
 #   data/multi30k        for m30k only (data/get_multi30k.sh)
 # The call (the device tool's run):
 #   command: bash scripts/gpu/gpu_checks.sh     carry: [".whl", "data/bench/wmt_like"]     timeout_s: 600
-# It writes to $OUT log.txt, tests.txt, attn.json, attn.md, train43.json, train43.md, train43c.json, suite.txt
+# It writes to $OUT log.txt, tests.txt, attn.json, attn.md, train43f.json, train43.json, train43.md, train43c.json, suite.txt
 # and extra.tgz (OpenNMT-py's logs and configs, the Multi30k runs): a call brings back 8 files at most, so the
 # suite goes in a call of its own.
 # python scripts/gpu/gpu_report.py --dir DIR turns them into docs/results/gpu/gpu_*.md.
@@ -33,7 +35,7 @@ OUT=${OUT:?set OUT}
 TOTAL=${TOTAL:-540}
 M30K=${M30K:-data/multi30k}
 WMT=${WMT:-data/bench/wmt_like}
-PHASES=" ${PHASES:-tests attn train43} "
+PHASES=" ${PHASES:-tests attn trainflex train43} "
 want() { [[ "$PHASES" == *" $1 "* ]]; }
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/log.txt"; }
@@ -89,7 +91,7 @@ fi
 
 # --- attn: attention by route and length ------------------------------------------------------------------
 if want attn; then
-  t=$(box 90); log "attention routes, box ${t}s"
+  t=$(box 75); log "attention routes, box ${t}s"
   if [ -f scripts/bench/bench_attention_routes.py ]; then
     # shellcheck disable=SC2086
     timeout "$t" python3 scripts/bench/bench_attention_routes.py --device cuda --dropout 0 --repeats 3 --min-seconds 0.2 \
@@ -101,6 +103,15 @@ if want attn; then
       --variants abs rel rope alibi t5 --out "$OUT/attn.json" --md "$OUT/attn.md" >> "$OUT/log.txt" 2>&1
   fi
   log "attn exit $?"
+fi
+
+# --- trainflex: training through FlexAttention, dropout included ------------------------------------------
+if want trainflex; then
+  t=$(box 75); log "bench_train WMT-like base abs rel t5 bf16 --route flex, box ${t}s"
+  timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base --positions abs rel t5 --precision bf16 \
+    --device cuda --tgt-tokens "${TGT_TOKENS:-25000}" --steps 5 --warmup 2 --route flex --out "$OUT/train43f.json" \
+    --md "$EXTRA/train43f.md" >> "$OUT/log.txt" 2>&1
+  log "trainflex exit $?"
 fi
 
 # --- train43: training throughput, relmt beside OpenNMT-py ---------------------------------------------

@@ -136,21 +136,27 @@ def body(md: Path) -> str:
 
 def issue43_report(d: Path, out: Path) -> str:
     """out.{md,json}: issue 43's goal table and the phases' own reports, from scripts/gpu/gpu_checks.sh's files."""
-    load = {name: json.loads((d / name).read_text()) for name in ("attn.json", "train43.json", "train43c.json")
-            if (d / name).is_file()}
+    load = {name: json.loads((d / name).read_text())
+            for name in ("attn.json", "train43.json", "train43f.json", "train43c.json") if (d / name).is_file()}
     tests = {name: suite((d / f"{name}.txt").read_text()) for name in ("tests", "suite")
              if (d / f"{name}.txt").is_file()}
     attn_rows = load.get("attn.json", {}).get("rows", [])
     train_rows = load.get("train43.json", {}).get("rows", [])
+    flex_rows = load.get("train43f.json", {}).get("rows", [])
     goals = goal_table(tests, attn_rows, train_rows)
+    flex_steps = {f"{r['size']} {r['positions']}": r["over_abs_step_time"] for r in flex_rows
+                  if r["positions"] != "abs" and "over_abs_step_time" in r}
+    goals.insert(3, goal("step time / abs, RELMT_ATTENTION=flex (dropout by the hashed mask)", "<= 1.10 each",
+                         flex_steps, lambda v: v <= 1.10))
     hw = next((x["hardware"] for x in load.values() if "hardware" in x), {})
     compiled = load.get("train43c.json", {}).get("rows", [])
     write_json(out.with_suffix(".json"), {"hardware": hw, "goals": goals, "tests": tests, "attention": attn_rows,
-                                          "train": train_rows, "train_compiled": compiled})
+                                          "train": train_rows, "train_flex": flex_rows, "train_compiled": compiled})
     columns = [("size", "model"), ("positions", "positions"), ("tgt_tokens_per_s", "target tok/s"),
                ("step_ms", "ms/step"), ("over_abs_step_time", "step time / abs"), ("peak_mib", "peak MiB"),
                ("mfu", "MFU")]
     compiled_md = markdown_table(compiled, columns) if compiled else "(not run)"
+    flex_md = markdown_table(flex_rows, columns) if flex_rows else "(not run)"
     test_lines = "\n".join(
         f"- {name}.txt: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors ({t['summary']})"
         + ("".join(f"\n  - `{n}`" for n in t.get("failed_tests", []))) for name, t in tests.items()) or "(not run)"
@@ -179,7 +185,11 @@ tests.txt: every CUDA test (`pytest -m gpu`); suite.txt: the suite but the slow 
 
 {body(d / 'train43.md')}
 
-## 4. The same, compiled (train.compile's torch.compile, symbolic sizes)
+## 4. Training through FlexAttention (`bench_train.py --route flex`: attention dropout by the hashed mask)
+
+{flex_md}
+
+## 5. The same, compiled (train.compile's torch.compile, symbolic sizes)
 
 {compiled_md}
 """
