@@ -91,7 +91,7 @@ def counter_threshold(p: float) -> tuple[int, float]:
     return t, 2**32 / (2**32 - t)
 
 
-def counter_keep(seed: Tensor, threshold: int, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+def counter_keep(seed: Tensor, threshold: int | Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
     """Keep element (b, h, i, j) of an attention-weights tensor unless the hash of the seed and its coordinates
     falls below threshold. The coordinates are any broadcastable integer tensors (a kernel's scalars, or
     aranges); the packing into 64 bits takes rows and keys below 2^16, heads below 2^12 and batches below 2^19,

@@ -79,8 +79,18 @@ def _kernel(q: Tensor) -> Callable:
     if q.device.type == "cpu" or torch.compiler.is_compiling():
         return _flex_attention
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(_flex_attention)
+        _compiled_flex = compile_flex()
     return _compiled_flex
+
+
+def compile_flex(backend: str | Callable = "inductor") -> Callable:
+    """FlexAttention compiled as the route compiles it: with symbolic sizes, one graph serves every batch shape.
+    A run still compiles a graph per kernel variant: with and without dropout (training, validation), encoder
+    and decoder (a padding mask or causality), and each of those for one sentence alone (torch specialises
+    size 1). That is 8, torch's default limit per function, past which it falls back to the unfused kernel:
+    the limit is raised to 16."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
+    return torch.compile(_flex_attention, dynamic=True, backend=backend)
 
 
 def flex_core(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, mask_mod: MaskMod | None,
@@ -96,11 +106,12 @@ def flex_core(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, mask_
     return out, aux.lse
 
 
-def _keep4(mask: Tensor | None) -> Tensor | None:
-    """A keep-mask broadcastable to (B, 1, n, m) as a 4-d tensor (a view)."""
+def _keep4(mask: Tensor | None, b: int) -> Tensor | None:
+    """A keep-mask broadcastable to (B, 1, n, m) as a 4-d tensor of B rows (a view)."""
     if mask is None:
         return None
-    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    return mask.expand(b, *mask.shape[1:])
 
 
 def score_mod_for(r: Tensor | None, bias: Tensor | None, k: int, off: Tensor) -> ScoreMod | None:
@@ -131,8 +142,8 @@ def _reader(bias: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
 
 
 def mask_mod_for(keep: Tensor | None, causal: bool, off: Tensor, tail: str = "", k: int = 0) -> MaskMod | None:
-    """Padding keep-mask (4-d, `_keep4`) and causality (key j <= query position i + off); `tail` "lower"
-    keeps only j - i <= -k, "upper" only j - i >= k (the clipped labels of Shaw §3.2).
+    """Padding keep-mask (4-d with the batch's B rows, `_keep4`) and causality (key j <= query position
+    i + off); `tail` "lower" keeps only j - i <= -k, "upper" only j - i >= k (the clipped labels of Shaw §3.2).
 
     Causality and the tails are one band lo <= j - i <= hi whose ends are captured tensors, not Python
     values: the compiled kernel guards on the closure's Python values, so the full pass and both tails
@@ -143,13 +154,13 @@ def mask_mod_for(keep: Tensor | None, causal: bool, off: Tensor, tail: str = "",
     lo = k if tail == "upper" else -_FAR
     hi = min(0 if causal else _FAR, -k if tail == "lower" else _FAR)
     lo_t, hi_t = torch.tensor(lo, device=off.device), torch.tensor(hi, device=off.device)
-    rows, batch = keep is not None and keep.shape[2] > 1, keep is not None and keep.shape[0] > 1
+    rows = keep is not None and keep.shape[2] > 1
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         d = kv_idx - q_idx - off
         ok = (d >= lo_t) & (d <= hi_t)
-        if keep is not None:
-            ok = ok & keep[b if batch else 0, 0, q_idx if rows else 0, kv_idx]
+        if keep is not None:  # (B, 1, n or 1, m): read at b even for one sentence (no guard on the batch size)
+            ok = ok & keep[b, 0, q_idx if rows else 0, kv_idx]
         return ok
 
     return mask_mod
@@ -199,14 +210,15 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | Non
     off = torch.tensor(q_offset, device=q.device)
     r = None
     if rel is not None and rel.w_k is not None:  # R = q·(w^K)^T, (B, H, n, 2k+1)
-        r = _per_label(q, rel.w_k, "bhnd,hrd->bhnr", "bhnd,rd->bhnr")
-    keep = _keep4(mask)
+        r = _per_label(q, rel.w_k, "bhnd,hrd->bhnr", "bhnd,rd->bhnr").contiguous()  # strides the kernel expects
+    keep = _keep4(mask, q.shape[0])
     if bias is not None:
         bias = bias.contiguous()  # T5's is a permuted view; the kernel reads rows of keys
     score_mod = score_mod_for(r, bias, kk, off)
     drop = Dropped.draw(p, q.device) if p > 0 else None
     weights = score_mod if drop is None else drop.score_mod(score_mod)  # the logits of the kept keys
-    out, lse = core(q, k, v, score_mod, mask_mod_for(keep, causal, off), drop is None)
+    every = score_mod if drop is None else drop.score_mod(score_mod, every=True)  # of every key, in the same graph
+    out, lse = core(q, k, v, every, mask_mod_for(keep, causal, off), drop is None)
     if drop is not None:  # sum_j drop(alpha)_ij v_j = out_kept * (the kept keys' share of the weight) / (1 - p)
         out, lse_kept = core(q, k, v, weights, mask_mod_for(keep, causal, off), True)
         out = out * (_mass(lse_kept, lse) * drop.scale).to(out.dtype)[..., None]
@@ -243,6 +255,10 @@ class Dropped:
 
     def __init__(self, seed: Tensor, threshold: int, scale: float) -> None:
         self.seed, self.threshold, self.scale = seed, threshold, scale
+        # the threshold as a tensor in the kernels' closures: the compiled kernel guards on Python values, and
+        # the pass over every key (threshold 0) then shares the kept keys' graph
+        self._limits = {False: torch.tensor(threshold, device=seed.device), True: torch.zeros((), dtype=torch.int64,
+                                                                                               device=seed.device)}
 
     @classmethod
     def draw(cls, p: float, device: torch.device) -> Dropped:
@@ -252,9 +268,9 @@ class Dropped:
     def keep(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return counter_keep(self.seed, self.threshold, b, h, q_idx, kv_idx)
 
-    def score_mod(self, score_mod: ScoreMod | None) -> ScoreMod:
-        """score_mod, then -inf for the dropped keys."""
-        seed, threshold = self.seed, self.threshold
+    def score_mod(self, score_mod: ScoreMod | None, every: bool = False) -> ScoreMod:
+        """score_mod, then -inf for the dropped keys (for none with every=True, through the same code)."""
+        seed, threshold = self.seed, self._limits[every]
 
         def dropped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             if score_mod is not None:
