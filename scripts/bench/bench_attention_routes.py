@@ -7,8 +7,9 @@ A case is MODE:ROUTE[@MIB]:
   keys (a^K only), t5, alibi;
 - ROUTE: reference (the written-out route), chunked (blocks of query rows recomputed in backward; @MIB
   sets the block budget, relmt.model.chunked.BLOCK_BYTES, default 64), flex (FlexAttention: CUDA for
-  training; attention dropout through its hashed mask, one pass more); a suffix +scatter sums per label with scatter_add on
-  every device (relmt/model/labels.py; CUDA's default avoids its atomics), to time the two on one GPU.
+  training; attention dropout through its hashed mask, one pass more); a suffix +scatter sums per label
+  with scatter_add on every device (relmt/model/labels.py; CUDA's default avoids its atomics), to time the
+  two on one GPU.
 The base model's shape (d_model 512, 8 heads), a fixed token budget (batch = tokens // n).
 
 Peak memory counts every tensor allocated in one forward + backward (relmt.bench.PeakMemory on the CPU,
