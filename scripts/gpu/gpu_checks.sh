@@ -84,8 +84,11 @@ fi
 # --- tests: the CUDA tests ------------------------------------------------------------------------------
 if want tests; then
   t=$(box 150); log "CUDA tests (pytest -m gpu), box ${t}s"
-  timeout "$t" python3 -m pytest -v -s -p no:cacheprovider -p pytest_instant --tb=short -m gpu -rfE --timeout 100 \
-    --continue-on-collection-errors tests > "$OUT/tests.txt" 2>&1
+  # 4 workers, so that the kernels' compilations overlap; test_cuda.py and test_labels.py first: on 2026-11-27
+  # the flex tests' compilations took the whole box alone
+  timeout "$t" python3 -m pytest -v -n 4 -p no:cacheprovider -p pytest_instant --tb=short -m gpu -rfE --timeout 100 \
+    --continue-on-collection-errors tests/test_cuda.py tests/test_labels.py tests/test_compiled_training.py \
+    tests/test_attention_routes.py tests > "$OUT/tests.txt" 2>&1
   log "tests exit $?: $(tail -1 "$OUT/tests.txt")"
 fi
 
