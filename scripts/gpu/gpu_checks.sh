@@ -5,13 +5,14 @@
 #   tests    every CUDA test, -v (make test-gpu: tests/test_cuda.py, the attention routes', the compiled
 #            training step's), device cuda; box 150 s
 #   attn     the attention routes, one layer forward + backward by length (scripts/bench/bench_attention_routes.py;
-#            scripts/bench/bench_attention.py where it is absent), ATTN_CASES; box 75 s
-#   trainflex  base abs rel t5 on the WMT-like workload with RELMT_ATTENTION=flex (bench_train.py --route flex):
-#            FlexAttention in training, attention dropout by the hashed mask; 5 timed steps; box 75 s
+#            scripts/bench/bench_attention.py where it is absent), ATTN_CASES; box 60 s
+#   trainflex  base abs and rel on the WMT-like workload with RELMT_ATTENTION=flex (bench_train.py --route flex):
+#            FlexAttention in training, attention dropout by the hashed mask; 5 timed steps; box 120 s (each mode
+#            compiles its kernels first, and the page is written once both are measured: t5 another time)
 #   train43  issue 43 §4: scripts/bench/bench_train.py on the WMT-like workload (real en-de text, 32k BPE, batches
 #            of TGT_TOKENS=25000 target tokens, the paper's), base then big, bf16, abs rel both rope alibi t5,
 #            STEPS=10 timed steps, every timed shape warm, then 3 profiled (each mode's top kernels, to say where rel's
-#            time goes); after each size OpenNMT-py 3.5.1 abs and rel on the
+#            time goes); after base OpenNMT-py 3.5.1 abs and rel on the
 #            same workload (--onmt); a size that runs out of GPU memory is measured again at 2/3 the batch;
 #            the JSON is rewritten after each part, so a cut-off run keeps what finished; box: the rest
 #   compiled train43's relmt part with train.compile's torch.compile (symbolic sizes), base, abs and rel, to set
@@ -94,7 +95,7 @@ fi
 
 # --- attn: attention by route and length ------------------------------------------------------------------
 if want attn; then
-  t=$(box 75); log "attention routes, box ${t}s"
+  t=$(box 60); log "attention routes, box ${t}s"
   if [ -f scripts/bench/bench_attention_routes.py ]; then
     # shellcheck disable=SC2086
     timeout "$t" python3 scripts/bench/bench_attention_routes.py --device cuda --dropout 0 --repeats 3 --min-seconds 0.2 \
@@ -110,8 +111,8 @@ fi
 
 # --- trainflex: training through FlexAttention, dropout included ------------------------------------------
 if want trainflex; then
-  t=$(box 75); log "bench_train WMT-like base abs rel t5 bf16 --route flex, box ${t}s"
-  timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base --positions abs rel t5 --precision bf16 \
+  t=$(box 120); log "bench_train WMT-like base abs rel bf16 --route flex, box ${t}s"
+  timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base --positions abs rel --precision bf16 \
     --device cuda --tgt-tokens "${TGT_TOKENS:-25000}" --steps 5 --warmup 2 --route flex --out "$OUT/train43f.json" \
     --md "$EXTRA/train43f.md" >> "$OUT/log.txt" 2>&1
   log "trainflex exit $?"
@@ -121,7 +122,7 @@ fi
 if want train43; then
   t=$(box 400); log "bench_train WMT-like base big bf16, OpenNMT-py abs rel, box ${t}s"
   timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base big --precision bf16 --device cuda \
-    --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --profile-steps 3 --onmt abs rel --onmt-steps 40 \
+    --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --profile-steps 3 --onmt abs rel --onmt-sizes base --onmt-steps 40 \
     --onmt-warmup 20 --onmt-timeout 90 --onmt-work "$EXTRA/onmt" --out "$OUT/train43.json" --md "$OUT/train43.md" \
     >> "$OUT/log.txt" 2>&1
   log "train43 exit $?"
