@@ -21,8 +21,9 @@ train: $(STAMP)
 	$(VENV)/bin/relmt-train
 
 # make test: every test but the exhaustive sweeps and the CUDA ones (under 15 minutes on 2 cores); test-fast
-# also leaves out the slow end-to-end runs; test-exhaustive runs the sweeps alone, test-gpu the tests that
-# need a CUDA device (tests/test_cuda.py), test-all everything (the CUDA tests skip without a device).
+# also leaves out the slow end-to-end runs; test-exhaustive runs the sweeps alone, test-gpu the tests marked gpu
+# (tests/test_cuda.py and the CUDA cases of the attention routes, labels and compiled training), test-all
+# everything (the CUDA tests skip without a device).
 # The CPU targets run one pytest-xdist worker per core, one thread each (tests/conftest.py); worksteal
 # rebalances the long end-to-end tests. XDIST= runs them in one process.
 XDIST ?= -n auto --dist worksteal
