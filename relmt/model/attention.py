@@ -82,7 +82,9 @@ class MultiHeadAttention(nn.Module):
         """y: (B, m, d_model) -> keys and values, each (B, H, m, D); keys rotated by `terms` (the new
         keys sit at the query positions of self-attention, so a cache holds rotated keys)."""
         k, v = self.kv_proj(y).chunk(2, dim=-1)
-        return rotate(self._split(k), terms.rotary), self._split(v + self.v_bias)
+        # under autocast the projection is bf16 and b^V float32: the sum goes back to k's dtype, as project_qkv's
+        # (SDPA and the matmuls would cast it; FlexAttention takes q, k and v of one dtype)
+        return rotate(self._split(k), terms.rotary), self._split((v + self.v_bias).to(v.dtype))
 
     def project_qkv(self, x: Tensor, terms: PositionTerms = NO_TERMS) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's queries (as `forward` makes them), keys and values (as `project_kv`) of x

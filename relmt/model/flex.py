@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask
 from torch.nn.attention.flex_attention import flex_attention as _flex_attention
 
 from relmt.dropout import counter_keep, counter_threshold
@@ -72,6 +72,12 @@ _compiled_flex = None
 _FAR = 2**30  # an offset j - i beyond any sequence: the open end of a band
 
 
+def _scalar(value: int, device: torch.device) -> Tensor:
+    """A 0-d int64 tensor on device, filled there: torch.tensor(value, device=cuda) would copy it from the host
+    and wait for the stream."""
+    return torch.full((), value, dtype=torch.int64, device=device)
+
+
 def _kernel(q: Tensor) -> Callable:
     """FlexAttention compiled once per process off the CPU (the eager version writes the logits out); eager on
     the CPU (which has no backward) and inside a compiled step (the step compiles it)."""
@@ -100,10 +106,25 @@ def flex_core(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, mask_
         q, k, v = q.detach(), k.detach(), v.detach()
     b, h, n, _ = q.shape
     m = k.shape[2]
-    block_mask = None if mask_mod is None else create_block_mask(mask_mod, b, None, n, m, device=q.device)
+    block_mask = None if mask_mod is None else _block_mask(mask_mod, b, n, m, q.device)
     out, aux = _kernel(q)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
                           return_aux=AuxRequest(lse=True))
     return out, aux.lse
+
+
+_last_mask: tuple = ()
+
+
+def _block_mask(mask_mod: MaskMod, b: int, n: int, m: int, device: torch.device) -> BlockMask:
+    """create_block_mask, kept for the next call with the same mask_mod object and sizes: with dropout, the passes
+    over every key and over the kept ones share the mask (the cache holds the function, so its id stays its own)."""
+    global _last_mask
+    if torch.compiler.is_compiling():  # inside a compiled step: no state kept between calls
+        return create_block_mask(mask_mod, b, None, n, m, device=device)
+    key = (mask_mod, b, n, m, device)
+    if _last_mask[:-1] != key:
+        _last_mask = (*key, create_block_mask(mask_mod, b, None, n, m, device=device))
+    return _last_mask[-1]
 
 
 def _keep4(mask: Tensor | None, b: int) -> Tensor | None:
@@ -153,7 +174,7 @@ def mask_mod_for(keep: Tensor | None, causal: bool, off: Tensor, tail: str = "",
         return None
     lo = k if tail == "upper" else -_FAR
     hi = min(0 if causal else _FAR, -k if tail == "lower" else _FAR)
-    lo_t, hi_t = torch.tensor(lo, device=off.device), torch.tensor(hi, device=off.device)
+    lo_t, hi_t = _scalar(lo, off.device), _scalar(hi, off.device)
     rows = keep is not None and keep.shape[2] > 1
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -207,7 +228,7 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | Non
     Returns (B, H, n, D)."""
     core = core or flex_core
     kk = 0 if rel is None else rel.max_relative_position
-    off = torch.tensor(q_offset, device=q.device)
+    off = _scalar(q_offset, q.device)
     r = None
     if rel is not None and rel.w_k is not None:  # R = q·(w^K)^T, (B, H, n, 2k+1)
         r = _per_label(q, rel.w_k, "bhnd,hrd->bhnr", "bhnd,rd->bhnr").contiguous()  # strides the kernel expects
@@ -217,10 +238,10 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | Non
     score_mod = score_mod_for(r, bias, kk, off)
     drop = Dropped.draw(p, q.device) if p > 0 else None
     weights = score_mod if drop is None else drop.score_mod(score_mod)  # the logits of the kept keys
-    every = score_mod if drop is None else drop.score_mod(score_mod, every=True)  # of every key, in the same graph
-    out, lse = core(q, k, v, every, mask_mod_for(keep, causal, off), drop is None)
+    full = mask_mod_for(keep, causal, off)
+    out, lse = core(q, k, v, score_mod, full, drop is None)  # every key: validation's kernel, no hashing
     if drop is not None:  # sum_j drop(alpha)_ij v_j = out_kept * (the kept keys' share of the weight) / (1 - p)
-        out, lse_kept = core(q, k, v, weights, mask_mod_for(keep, causal, off), True)
+        out, lse_kept = core(q, k, v, weights, full, True)
         out = out * (_mass(lse_kept, lse) * drop.scale).to(out.dtype)[..., None]
     if rel is None or rel.w_v is None:
         return out
@@ -255,10 +276,6 @@ class Dropped:
 
     def __init__(self, seed: Tensor, threshold: int, scale: float) -> None:
         self.seed, self.threshold, self.scale = seed, threshold, scale
-        # the threshold as a tensor in the kernels' closures: the compiled kernel guards on Python values, and
-        # the pass over every key (threshold 0) then shares the kept keys' graph
-        self._limits = {False: torch.tensor(threshold, device=seed.device), True: torch.zeros((), dtype=torch.int64,
-                                                                                               device=seed.device)}
 
     @classmethod
     def draw(cls, p: float, device: torch.device) -> Dropped:
@@ -268,9 +285,9 @@ class Dropped:
     def keep(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return counter_keep(self.seed, self.threshold, b, h, q_idx, kv_idx)
 
-    def score_mod(self, score_mod: ScoreMod | None, every: bool = False) -> ScoreMod:
-        """score_mod, then -inf for the dropped keys (for none with every=True, through the same code)."""
-        seed, threshold = self.seed, self._limits[every]
+    def score_mod(self, score_mod: ScoreMod | None) -> ScoreMod:
+        """score_mod, then -inf for the dropped keys."""
+        seed, threshold = self.seed, _scalar(self.threshold, self.seed.device)  # a tensor: no guard on its value
 
         def dropped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             if score_mod is not None:

@@ -84,7 +84,7 @@ class RelativePositions(nn.Module):
     def index(self, q_len: int, k_len: int, q_offset: int, device: torch.device) -> Tensor:
         return relative_index(q_len, k_len, self.max_relative_position, q_offset, device)
 
-    def key_logits(self, q: Tensor, index: Tensor, q_offset: int = 0) -> Tensor:
+    def key_logits(self, q: Tensor, index: Tensor, q_offset: int) -> Tensor:
         """Shaw §3.3, eq. (5) second term: q_i · a^K_ij for all (i, j).
 
         q: (B, H, n, D), index: (n, m), the labels of query positions q_offset.. R = q · (w^K)^T is
@@ -101,7 +101,7 @@ class RelativePositions(nn.Module):
             r = _per_label(q, self.w_k, "bhnd,hrd->bhnr", "bhnd,rd->bhnr")  # (B, H, n, 2k+1)
         return gather_labels(r, index, self.max_relative_position, q_offset)  # (B, H, n, m)
 
-    def value_term(self, attn: Tensor, index: Tensor, q_offset: int = 0) -> Tensor:
+    def value_term(self, attn: Tensor, index: Tensor, q_offset: int) -> Tensor:
         """Shaw §3.1, eq. (3) second term: sum_j alpha_ij a^V_ij.
 
         attn: (B, H, n, m) attention weights, index: their (n, m) labels. Adding alpha up per label
