@@ -166,6 +166,24 @@ def test_flex_dropout_equals_the_written_out_attention_with_the_same_mask(mode, 
     assert (run("flex", mha, positions, inputs)[0] - got[0]).abs().max() > 1e-3  # the dropout was on
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("mode,call", [("rel", "encoder"), ("rel", "decoder"), ("t5", "encoder")])
+def test_flex_kernel_with_dropout_on_cpu_equals_the_written_out_core(mode, call, monkeypatch):
+    """FlexAttention itself (eager on the CPU, forward: its -inf scores for dropped keys, rows left empty, the
+    block mask shared by the two full passes) against the written-out core, with the same hashed mask."""
+    monkeypatch.setattr(flex.Dropped, "draw", classmethod(
+        lambda cls, p, device: cls(torch.tensor(SEED, device=device), *counter_threshold(p))))
+    mha, positions, inputs = make(mode, call, torch.float32, dropout=0.3)
+    with torch.no_grad():
+        got = run_forward("flex", mha, positions, inputs)
+        monkeypatch.setattr(flex, "flex_core", flex.dense_core)
+        want = run_forward("flex", mha, positions, inputs)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    mha.eval()
+    with torch.no_grad():
+        assert (run_forward("flex", mha, positions, inputs) - want).abs().max() > 1e-3  # the dropout was on
+
+
 def test_the_hashed_mask_keeps_one_minus_p_and_changes_with_the_seed():
     threshold, scale = counter_threshold(0.1)
     idx = [torch.arange(s).view([s if d == i else 1 for d in range(4)]) for i, s in enumerate((4, 8, 64, 64))]

@@ -121,10 +121,12 @@ def _block_mask(mask_mod: MaskMod, b: int, n: int, m: int, device: torch.device)
     global _last_mask
     if torch.compiler.is_compiling():  # inside a compiled step: no state kept between calls
         return create_block_mask(mask_mod, b, None, n, m, device=device)
-    key = (mask_mod, b, n, m, device)
-    if _last_mask[:-1] != key:
-        _last_mask = (*key, create_block_mask(mask_mod, b, None, n, m, device=device))
-    return _last_mask[-1]
+    key, last = (mask_mod, b, n, m, device), _last_mask  # read once: another thread may replace it meanwhile
+    if last[:-1] == key:
+        return last[-1]
+    mask = create_block_mask(mask_mod, b, None, n, m, device=device)
+    _last_mask = (*key, mask)
+    return mask
 
 
 def _keep4(mask: Tensor | None, b: int) -> Tensor | None:
