@@ -91,11 +91,20 @@ def counter_threshold(p: float) -> tuple[int, float]:
     return t, 2**32 / (2**32 - t)
 
 
+def counter_key(seed: Tensor, b: Tensor, h: Tensor) -> Tensor:
+    """The 32-bit key of a (batch row, head) pair of an attention-weights tensor: one hash of the seed and b, h
+    (b below 2^19, h below 2^12). A fused kernel reads it from a (B, H) table instead of hashing it per weight."""
+    return hash32(((b.to(torch.int64) << 12) | h.to(torch.int64)) ^ seed)
+
+
+def keep_from_key(key: Tensor, threshold: int | Tensor, i: Tensor, j: Tensor) -> Tensor:
+    """`counter_keep` given the key of (b, h): one hash of the key and the row and key positions (below 2^16)."""
+    return hash32(((i.to(torch.int64) << 16) | j.to(torch.int64)) ^ key) >= threshold
+
+
 def counter_keep(seed: Tensor, threshold: int | Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
     """Keep element (b, h, i, j) of an attention-weights tensor unless the hash of the seed and its coordinates
     falls below threshold. The coordinates are any broadcastable integer tensors (a kernel's scalars, or
-    aranges); the packing into 64 bits takes rows and keys below 2^16, heads below 2^12 and batches below 2^19,
-    and uses no sizes, so a compiled kernel's closure holds none."""
-    low = (i.to(torch.int64) << 16) | j.to(torch.int64)
-    high = (b.to(torch.int64) << 12) | h.to(torch.int64)
-    return hash32(hash32(low ^ seed) ^ high) >= threshold
+    aranges); the packing takes rows and keys below 2^16, heads below 2^12 and batches below 2^19, and uses no
+    sizes, so a compiled kernel's closure holds none."""
+    return keep_from_key(counter_key(seed, b, h), threshold, i, j)

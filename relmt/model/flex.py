@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask
 from torch.nn.attention.flex_attention import flex_attention as _flex_attention
 
-from relmt.dropout import counter_keep, counter_threshold
+from relmt.dropout import counter_key, counter_threshold, keep_from_key
 from relmt.model.positions import RelativePositions
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]  # (score, b, h, q_idx, kv_idx) -> score
@@ -239,7 +239,8 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | Non
         bias = bias.contiguous()  # T5's is a permuted view; the kernel reads rows of keys
     score_mod = score_mod_for(r, bias, kk, off)
     drop = Dropped.draw(p, q.device) if p > 0 else None
-    weights = score_mod if drop is None else drop.score_mod(score_mod)  # the logits of the kept keys
+    keys = None if drop is None else drop.keys(q.shape[0], q.shape[1])
+    weights = score_mod if drop is None else drop.score_mod(score_mod, keys)  # the logits of the kept keys
     full = mask_mod_for(keep, causal, off)
     out, lse = core(q, k, v, score_mod, full, drop is None)  # every key: validation's kernel, no hashing
     if drop is not None:  # sum_j drop(alpha)_ij v_j = out_kept * (the kept keys' share of the weight) / (1 - p)
@@ -254,7 +255,7 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | Non
         band = band_logits(q, k, r, bias, band_keep, causal, q_offset, kk)
         alpha = torch.exp(band - lse[..., None])  # (B, H, n, 2k - 1): labels 1 .. 2k - 1
         if drop is not None:
-            alpha = alpha * drop.band(q.shape[0], q.shape[1], q.shape[2], q_offset, kk, alpha.dtype)
+            alpha = alpha * drop.band(keys, q.shape[2], q_offset, kk, alpha.dtype)
         _, lse_lower = core(q, k, v, weights, mask_mod_for(keep, causal, off, "lower", kk), False)
         lower = _mass(lse_lower, lse)
         if causal:  # j - i >= k > 0 lies in the future
@@ -269,8 +270,9 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions | Non
 
 
 class Dropped:
-    """Attention dropout that every pass recomputes (relmt.dropout.counter_keep): a kernel pass gives the dropped
-    keys -inf, and the band reads the same keep-mask. With lse the log-sum-exp over every key and lse_kept over
+    """Attention dropout that every pass recomputes (relmt.dropout.counter_keep: a (B, H) table of keys, then one
+    hash per weight): a kernel pass gives the dropped keys -inf, and the band reads the same keep-mask.
+    With lse the log-sum-exp over every key and lse_kept over
     the kept ones, sum_j keep_ij alpha_ij x_j = exp(lse_kept - lse) * (the kept pass's softmax average of x),
     exactly: so one pass over every key (for lse) and one over the kept keys give eq. (3)'s first term, and the
     tails' masses come from passes over their kept keys. The mask is a new draw of torch's generator each call,
@@ -284,27 +286,27 @@ class Dropped:
         threshold, scale = counter_threshold(p)
         return cls(torch.randint(0, 2**32, (), device=device), threshold, scale)
 
-    def keep(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return counter_keep(self.seed, self.threshold, b, h, q_idx, kv_idx)
+    def keys(self, b: int, h: int) -> Tensor:
+        """The (B, H) table of relmt.dropout.counter_key: the kernels read it, and hash only the positions."""
+        device = self.seed.device
+        return counter_key(self.seed, torch.arange(b, device=device)[:, None], torch.arange(h, device=device))
 
-    def score_mod(self, score_mod: ScoreMod | None) -> ScoreMod:
-        """score_mod, then -inf for the dropped keys."""
-        seed, threshold = self.seed, _scalar(self.threshold, self.seed.device)  # a tensor: no guard on its value
+    def score_mod(self, score_mod: ScoreMod | None, keys: Tensor) -> ScoreMod:
+        """score_mod, then -inf for the dropped keys; keys: `keys(B, H)`."""
+        threshold = _scalar(self.threshold, self.seed.device)  # a tensor: no guard on its value
 
         def dropped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             if score_mod is not None:
                 score = score_mod(score, b, h, q_idx, kv_idx)
-            return torch.where(counter_keep(seed, threshold, b, h, q_idx, kv_idx), score, float("-inf"))
+            return torch.where(keep_from_key(keys[b, h], threshold, q_idx, kv_idx), score, float("-inf"))
 
         return dropped
 
-    def band(self, b: int, h: int, n: int, q_offset: int, kk: int, dtype: torch.dtype) -> Tensor:
+    def band(self, keys: Tensor, n: int, q_offset: int, kk: int, dtype: torch.dtype) -> Tensor:
         """The keep-mask of the band's keys j = i + q_offset + d, |d| < kk, as 0 or the scale: (B, H, n, 2kk - 1)."""
-        device = self.seed.device
-        i = torch.arange(n, device=device).view(1, 1, n, 1)
-        j = i + q_offset + torch.arange(-(kk - 1), kk, device=device)
-        batch, heads = torch.arange(b, device=device).view(b, 1, 1, 1), torch.arange(h, device=device).view(1, h, 1, 1)
-        return self.keep(batch, heads, i, j).to(dtype) * self.scale
+        i = torch.arange(n, device=keys.device).view(1, 1, n, 1)
+        j = i + q_offset + torch.arange(-(kk - 1), kk, device=keys.device)
+        return keep_from_key(keys[:, :, None, None], self.threshold, i, j).to(dtype) * self.scale
 
 
 def _per_label(x: Tensor, table: Tensor, per_head: str, shared: str) -> Tensor:
