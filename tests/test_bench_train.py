@@ -115,6 +115,9 @@ def test_gpu_report_fills_issue_43s_goal_table(tmp_path):
     d = tmp_path / "gpu43"
     d.mkdir()
     (d / "tests.txt").write_text("tests/test_cuda.py::test_a PASSED [ 50%]\ntests/test_cuda.py::test_b FAILED [100%]\n"
+                                 "\n--- why tests/test_cuda.py::test_b failed (call):\n"
+                                 "tests/test_cuda.py:9: in test_b\n    assert x\n"
+                                 "E   AssertionError: the flex kernel refused bf16\n---\n"
                                  "=== 1 failed, 1 passed in 3.0s ===\n")
     hw = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-01 10:00 UTC", "torch": "2.11.0+cu130", "git": "abc1234"}
     attn = [{"case": "abs", "n": 1024, "peak_over_abs": 1.0}, {"case": "rel:flex", "n": 128, "peak_over_abs": 3.0},
@@ -139,7 +142,8 @@ def test_gpu_report_fills_issue_43s_goal_table(tmp_path):
                          ("big abs 41.0%, big rel 35.0%", "no"),
                          ("base abs 31.0%", "yes"), ("base 2.80", "yes"), ("base 1.50", "yes")]
     md = out.with_suffix(".md").read_text()
-    assert "NVIDIA H100 80GB HBM3" in md and "`tests/test_cuda.py::test_b`" in md and "Workload: WMT-like." in md
+    assert "NVIDIA H100 80GB HBM3" in md and "Workload: WMT-like." in md
+    assert "`tests/test_cuda.py::test_b`: AssertionError: the flex kernel refused bf16" in md  # pytest_instant's
     # a call cut off before n = 1024 neither meets nor misses the memory goal, and says so
     (d / "attn.json").write_text(json.dumps({"hardware": hw, "rows": [r for r in attn if r["n"] == 128]}))
     run_script("gpu_report.py", "--dir", str(d), "--out", str(out))
@@ -169,6 +173,10 @@ def test_the_gpu_calls_plugin_prints_why_a_test_failed_as_it_fails(tmp_path):
     out = done.stdout
     assert done.returncode == 1 and "--- why test_two.py::test_fails failed (call):" in out
     assert out.index("AssertionError: arithmetic") < out.index("second test ran")
+    spec = importlib.util.spec_from_file_location("gpu_report", ROOT / "scripts/gpu/gpu_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.why_failed(out) == {"test_two.py::test_fails": "AssertionError: arithmetic"}  # what the page shows
 
 
 def test_a_size_that_runs_out_of_gpu_memory_is_measured_again_on_smaller_batches(monkeypatch):
