@@ -115,6 +115,9 @@ def test_gpu_report_fills_issue_43s_goal_table(tmp_path):
     d = tmp_path / "gpu43"
     d.mkdir()
     (d / "tests.txt").write_text("tests/test_cuda.py::test_a PASSED [ 50%]\ntests/test_cuda.py::test_b FAILED [100%]\n"
+                                 "[gw1] [ 99%] FAILED tests/test_x.py::test_c[a long-limit]\n"
+                                 "\n--- why tests/test_x.py::test_c[a long-limit] failed (setup):\n"
+                                 "E   OSError: no disk\n---\n"
                                  "\n--- why tests/test_cuda.py::test_b failed (call):\n"
                                  "tests/test_cuda.py:9: in test_b\n    assert x\n"
                                  "E   AssertionError: the flex kernel refused bf16\n---\n"
@@ -137,13 +140,14 @@ def test_gpu_report_fills_issue_43s_goal_table(tmp_path):
     out = tmp_path / "gpu_issue43"
     run_script("gpu_report.py", "--dir", str(d), "--out", str(out))
     goals = [(g["measured"], g["met"]) for g in json.loads(out.with_suffix(".json").read_text())["goals"]]
-    assert goals[:8] == [("tests 1", "no"), ("rel:reference 7.40, rel:flex 1.20", "no"),
+    assert goals[:8] == [("tests 2", "no"), ("rel:reference 7.40, rel:flex 1.20", "no"),
                          ("base rel 1.07, big rel 1.15", "no"), ("base rel 1.04", "yes"),
                          ("big abs 41.0%, big rel 35.0%", "no"),
                          ("base abs 31.0%", "yes"), ("base 2.80", "yes"), ("base 1.50", "yes")]
     md = out.with_suffix(".md").read_text()
     assert "NVIDIA H100 80GB HBM3" in md and "Workload: WMT-like." in md
     assert "`tests/test_cuda.py::test_b`: AssertionError: the flex kernel refused bf16" in md  # pytest_instant's
+    assert "`tests/test_x.py::test_c[a long-limit]`: OSError: no disk" in md  # a parameter with a space
     # a call cut off before n = 1024 neither meets nor misses the memory goal, and says so
     (d / "attn.json").write_text(json.dumps({"hardware": hw, "rows": [r for r in attn if r["n"] == 128]}))
     run_script("gpu_report.py", "--dir", str(d), "--out", str(out))

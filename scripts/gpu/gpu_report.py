@@ -30,6 +30,9 @@ def cuda_tests(text: str) -> dict:
     return {"summary": summary[-1].strip() if summary else "no summary (cut off)", "bf16_errors": errors}
 
 
+NODE = r"tests/[^\s\[]+(?:\[[^\]]*\])?"  # a test's id, its parameters in brackets with any spaces they hold
+
+
 def suite(text: str) -> dict:
     """Counts from pytest's progress output, -q marks or -v lines (a run cut off by its timeout prints no
     summary); with -v, the names of the tests that failed."""
@@ -39,9 +42,9 @@ def suite(text: str) -> dict:
     # without; -rfE's summary repeats the failures ("FAILED tests/... - why"), so outcomes count once per test
     outcome = {}
     for line in lines:
-        if m := re.search(r"\b(PASSED|FAILED|ERROR) (tests/\S+)", line):
+        if m := re.search(rf"\b(PASSED|FAILED|ERROR) ({NODE})", line):
             outcome.setdefault(m.group(2), m.group(1))
-        elif m := re.match(r"(tests/\S+) (PASSED|FAILED|ERROR)\b", line):
+        elif m := re.match(rf"({NODE}) (PASSED|FAILED|ERROR)\b", line):
             outcome.setdefault(m.group(1), m.group(2))
     verbose = list(outcome.values())
     summary = [line for line in lines if re.search(r"\d+ (passed|failed)", line)]
