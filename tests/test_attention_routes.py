@@ -16,6 +16,7 @@ uses a^V. Then the chooser and its setting.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
@@ -598,6 +599,26 @@ def test_bench_attention_routes_runs(tmp_path):
     assert [r["case"] for r in rows] == ["abs", "rel:reference", "rel:chunked@1", "t5:chunked", "rel:reference+scatter"]
     assert all(r["ms"] > 0 and r["peak_mib"] > 0 and r["auto"] == "reference" for r in rows)
     assert "| n " in md.read_text()
+
+
+def test_bench_attention_routes_saves_each_case_memory_before_timing(monkeypatch):
+    """A run that its time box cuts off keeps the memory of every case measured so far: measure_length hands
+    save() the rows after each case, rel's peak over abs's included, before any time is taken."""
+    from tests.scripts_import import load_script
+
+    bench = load_script("bench_attention_routes")
+    args = argparse.Namespace(tokens=64, d_model=32, heads=2, k=2, dropout=0.0, repeats=1, min_seconds=0.0,
+                              precision="fp32", cases=["abs", "rel:reference", "rel:bogus"])
+    saved = []
+    monkeypatch.setattr(bench, "time_interleaved", lambda *a, **k: saved.append("timed") or {})
+    with pytest.raises(KeyError):  # the timing, stubbed out above, never comes back
+        bench.measure_length(16, args, torch.device("cpu"), save=lambda rows: saved.append(copy.deepcopy(rows)))
+    assert [[r["case"] for r in rows] for rows in saved[:3]] == [["abs"], ["abs", "rel:reference"],
+                                                                 ["abs", "rel:reference", "rel:bogus"]]
+    assert saved[3] == "timed"
+    rel = saved[1][1]
+    assert rel["peak_mib"] > 0 and rel["peak_over_abs"] == rel["peak_mib"] / saved[1][0]["peak_mib"]
+    assert "ms" not in rel and "error" in saved[2][2]
 
 
 @pytest.mark.gpu

@@ -158,21 +158,29 @@ def main() -> None:
 
     rows: list[dict] = []
     for n in args.lengths:
-        rows += measure_length(n, args, device)
-        write(rows, args, device)  # after each length: a run cut off by its time box keeps what finished
+        # written after each case's memory and after each length's times: a run cut off by its time box
+        # keeps what finished (on 2026-11-27 the GPU's 60 s box ended inside n = 128, before any time)
+        rows += measure_length(n, args, device, save=lambda partial, done=rows: write(done + partial, args, device))
+        write(rows, args, device)
     print("\n" + markdown_table(rows, columns(rows, device)))
 
 
-def measure_length(n: int, args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """Every case at length n; a case that fails (a kernel the device lacks) is reported with its error."""
+def measure_length(n: int, args: argparse.Namespace, device: torch.device, save=None) -> list[dict]:
+    """Every case at length n; a case that fails (a kernel the device lacks) is reported with its error.
+    save(rows), where given, is called with the memory rows so far after each case, before any timing."""
     measured, failed = [], []
     for case in args.cases:
         try:
             measured.append(measure(case, n, args, device))
+            r, base = measured[-1][0], next((r for r, _ in measured if r["case"] == "abs"), None)
+            if base is not None:
+                r["peak_over_abs"] = r["peak_mib"] / base["peak_mib"]
         except Exception as e:  # noqa: BLE001 -- a benchmark reports what broke and goes on
             error = f"{type(e).__name__}: {e}"
             failed.append({"case": case, "n": n, "batch": max(1, args.tokens // n), "error": error})
             print(f"n={n:5d} {case:>16}  failed: {failed[-1]['error'][:300]}", flush=True)
+        if save is not None:
+            save([r for r, _ in measured] + failed)
     steps = {r["case"]: step for r, step in measured}
     times = time_interleaved(steps, device, repeats=args.repeats, min_seconds=args.min_seconds) if steps else {}
     cpu = cpu_times(steps, args.repeats) if device.type == "cpu" and steps else {}

@@ -4,7 +4,8 @@
 # Phases (PHASES, default "tests attn trainflex train43"):
 #   tests    every CUDA test, -v (make test-gpu: tests/test_cuda.py, the attention routes', the compiled
 #            training step's), device cuda; box 150 s
-#   attn     the attention routes, one layer forward + backward by length (scripts/bench/bench_attention_routes.py;
+#   attn     the attention routes, one layer forward + backward by length, n = 1024 first and the memory of each
+#            case written as it is measured (scripts/bench/bench_attention_routes.py;
 #            scripts/bench/bench_attention.py where it is absent), ATTN_CASES; box 60 s
 #   trainflex  base abs and rel on the WMT-like workload with RELMT_ATTENTION=flex (bench_train.py --route flex):
 #            FlexAttention in training, attention dropout by the hashed mask; 5 timed steps; box 120 s (each mode
@@ -100,7 +101,7 @@ if want attn; then
     # shellcheck disable=SC2086
     timeout "$t" python3 scripts/bench/bench_attention_routes.py --device cuda --dropout 0 --repeats 3 --min-seconds 0.2 \
       --lengths 1024 128 512 \
-      --cases ${ATTN_CASES:-abs rel:reference rel:reference+scatter rel:chunked rel:flex t5:reference t5:flex} \
+      --cases ${ATTN_CASES:-abs rel:flex rel:chunked rel:reference rel:reference+scatter t5:flex t5:reference} \
       --out "$OUT/attn.json" --md "$OUT/attn.md" >> "$OUT/log.txt" 2>&1
   else
     timeout "$t" python3 scripts/bench/bench_attention.py --device cuda --min-seconds 0.2 --repeats 3 \
