@@ -266,14 +266,18 @@ def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
     run_script("bench_peers.py", "--scratch", str(tmp_path / "scratch"), "--generator", str(tmp_path / "absent.py"),
                "--peers", "--steps", "20", "--log-every", "10", "--decode-n", "6", "--latency-n", "2",
                "--length", "7", "--repeats", "1", "--threads", "1", "--json", str(out), "--md", str(md),
-               "--no-compiled", "--no-aoti")  # compiling costs a minute per model (tests/test_compiled.py and
-    # tests/test_engines.py cover compile=true and engine=aoti)
+               "--no-compiled", "--no-aoti", "--relmt-mkl")  # compiling costs a minute per model
+    # (tests/test_compiled.py and tests/test_engines.py cover compile=true and engine=aoti)
     payload = json.loads(out.read_text())
     train = [r for r in payload["results"] if r["stage"] == "train"]
-    assert {(r["system"], r["positions"]) for r in train} == {("relmt", p) for p in ("abs", "rel", "rel-heads")}
+    assert {(r["system"], r["positions"]) for r in train} == {("relmt", p) for p in ("abs", "rel", "rel-heads")} | {
+        ("relmt-mkl", p) for p in ("abs", "rel")}
+    for system, gemm in (("relmt", "onednn"), ("relmt-mkl", "mkl")):  # RELMT_CPU_GEMM reached relmt-train
+        log = (tmp_path / "scratch" / "r1" / f"{system}-rel" / "bench.log").read_text()
+        assert f"linear maps on the CPU: {gemm} in float32 training" in log, system
     assert all(r["tokens_per_s"] > 0 and r["gemm_gflops"] > 0 for r in train)
     decode = [r for r in payload["results"] if r["stage"] == "decode"]
-    assert {r["system"] for r in decode} == {"relmt", "relmt-onnx", "ct2-relmt:float32", "ct2-relmt:int8"}
+    assert {r["system"] for r in decode} == {"relmt", "relmt-onnx", "ct2-relmt:float32", "ct2-relmt:int8"}  # no mkl
     # per-head tables decode with relmt's engines, and are not offered to CTranslate2
     assert {r["system"] for r in decode if r["positions"] == "rel-heads"} == {"relmt", "relmt-onnx"}
     assert {r["regime"] for r in decode} == {"batch32", "latency", "large"}
@@ -305,10 +309,13 @@ def test_train_floor_records_every_gemm_and_the_peer_ceiling(tmp_path):
                "--warmup", "1", "--steps", "2", "--profile-steps", "1", "--positions", "rel", "--size", "tiny",
                "--peers", str(peers), "--out", str(out), "--md", str(md))
     payload = json.loads(out.read_text())
-    (row,) = payload["rows"]
-    assert row["gemm_floor_ms"] > 0 and row["step_ms"] > 0
-    assert row["ceiling"] == pytest.approx(row["step_ms"] / row["gemm_floor_ms"])
-    assert row["ops"] and not {o["op"] for o in row["ops"]} & {"aten::mm", "aten::addmm", "aten::bmm"}
+    row, mkl = payload["rows"]  # each library for the linear maps: oneDNN (relmt's default), then MKL
+    assert (row["positions"], row["cpu_gemm"], mkl["positions"], mkl["cpu_gemm"]) == ("rel", "onednn", "rel", "mkl")
+    for r in (row, mkl):
+        assert r["gemm_floor_ms"] > 0 and r["step_ms"] > 0
+        assert r["ceiling"] == pytest.approx(r["step_ms"] / r["gemm_floor_ms"])
+        assert r["ops"] and not {o["op"] for o in r["ops"]} & {"aten::mm", "aten::addmm", "aten::bmm",
+                                                                "mkldnn::_linear_pointwise"}
     assert payload["peers"]["peer"] == "onmt" and payload["peers"]["ratio"] == pytest.approx(1.3)
     assert f"it would be at most {1.3 * row['ceiling']:.2f}" in md.read_text()
     again = tmp_path / "again.md"
@@ -323,7 +330,7 @@ def test_bench_peers_page_without_decoding_has_the_training_columns_only():
     bench = load_script("bench_peers")
     results = [{"stage": "train", "system": system, "positions": pos, "repeat": 1, "gemm_gflops": 200.0,
                 "tokens_per_s": tps} for system, pos, tps in (("relmt", "abs", 4000.0), ("relmt", "rel", 3900.0),
-                                                              ("onmt", "rel", 3000.0))]
+                                                              ("relmt-mkl", "rel", 3300.0), ("onmt", "rel", 3000.0))]
     payload = {"command": "c", "hardware": {"cpu": "x", "cpu_count": 2, "date": "d", "git": "g"},
                "settings": {"threads": 2, "repeats": 1, "log_every": 10, "steps": 110, "decode_n": 500,
                             "length": 20, "latency_n": 100},
@@ -331,6 +338,8 @@ def test_bench_peers_page_without_decoding_has_the_training_columns_only():
     text = bench.markdown(payload)
     assert "| system | train tok/s, abs | train tok/s, rel |\n|---|---:|---:|\n" in text
     assert "| **relmt** | 4,000 | 3,900 |\n" in text and "| OpenNMT-py 3.5.1 | – | 3,000 |\n" in text
+    assert "| **relmt** (`RELMT_CPU_GEMM=mkl`: MKL, torch's default CPU GEMM) | – | 3,300 |\n" in text
+    # relmt's own MKL row is no peer: the ratio is against OpenNMT-py
     assert "| training, relmt rel / best relative peer | ≥ 1.3 | 1.30 | yes |" in text
     assert "decode@32" not in text and "Forced-length" not in text and "`--no-decode`" in text
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from relmt.dropout import dropout
 from relmt.model import routes
+from relmt.model.linear import Linear, linear
 from relmt.model.positions import NO_TERMS, PositionTerms, RelativePositions, rotate
 
 
@@ -47,12 +48,12 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
         # W^K and W^V in one matmul. No key bias: q·b^K is the same for every key j, so the softmax
         # cancels it; its gradient is zero up to rounding, which Adam would turn into noisy updates.
-        self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=False)
+        self.kv_proj = Linear(d_model, 2 * d_model, bias=False)
         self.v_bias = nn.Parameter(torch.zeros(d_model))
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
         self.rel = rel
         self.reset_parameters()
 
@@ -93,7 +94,7 @@ class MultiHeadAttention(nn.Module):
         take to read, so two calls cost twice one (issue 44 §7)."""
         w_q, b_q = self.scaled_query_weights()
         bias = torch.cat((b_q, torch.zeros_like(b_q), self.v_bias))  # no key bias (see __init__)
-        q, k, v = F.linear(x, torch.cat((w_q, self.kv_proj.weight)), bias).chunk(3, dim=-1)
+        q, k, v = linear(x, torch.cat((w_q, self.kv_proj.weight)), bias).chunk(3, dim=-1)
         return rotate(self._split(q), terms.rotary), rotate(self._split(k), terms.rotary), self._split(v)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -106,7 +107,7 @@ class MultiHeadAttention(nn.Module):
         # The 1/sqrt(d_z) of Shaw eq. (4) is folded into W^Q and b^Q: a (d, d) multiply instead of
         # a scaled copy of q, and both terms of e_ij get it. The fused kernels then use scale=1.
         if q is None:
-            q = rotate(self._split(F.linear(x, *self.scaled_query_weights())), terms.rotary)  # (B, H, n, D)
+            q = rotate(self._split(linear(x, *self.scaled_query_weights())), terms.rotary)  # (B, H, n, D)
         n, m = q.shape[2], k.shape[2]
         p = self.dropout if self.training else 0.0
         if (self.rel is not None or terms.bias is not None) and (route := routes.choose(q, m, p)) != "reference":

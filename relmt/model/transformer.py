@@ -19,6 +19,7 @@ from relmt.config import ModelConfig, Norm, PosKind
 from relmt.dropout import Dropout
 from relmt.model.attention import MultiHeadAttention
 from relmt.model.cache import DecoderCache, LayerCache, extend
+from relmt.model.linear import Linear, linear
 from relmt.model.positions import (
     NO_TERMS,
     ALiBi,
@@ -36,8 +37,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(d_model, d_ff)
-        self.fc2 = nn.Linear(d_ff, d_model)
+        self.fc1 = Linear(d_model, d_ff)
+        self.fc2 = Linear(d_ff, d_model)
         self.dropout = Dropout(dropout)
         for lin in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(lin.weight)
@@ -180,7 +181,7 @@ class Transformer(nn.Module):
     def _logits(self, x: Tensor) -> Tensor:
         """x: (B, T, d_model) -> (B, T, V) scores over the vocabulary: the output projection is the
         target embedding matrix itself (Vaswani §3.4, tied weights)."""
-        return F.linear(self.decoder_norm(x), self.tgt_embed.weight)
+        return linear(self.decoder_norm(x), self.tgt_embed.weight)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced pass. tgt_in: (B*K, T) = BOS + y, right-padded, K >= 1 hypotheses per
@@ -247,7 +248,7 @@ class Transformer(nn.Module):
         if out_weight is None:
             logits = self._logits(x)[:, 0]
         else:
-            logits = F.linear(self.decoder_norm(x), out_weight)[:, 0, : self.tgt_embed.num_embeddings]
+            logits = linear(self.decoder_norm(x), out_weight)[:, 0, : self.tgt_embed.num_embeddings]
         return logits, DecoderCache(tuple(layers))
 
 

@@ -41,6 +41,7 @@ from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import Corpus, prepare
 from relmt.data.tokenizer import PAD_ID
 from relmt.errors import UserError
+from relmt.model import linear
 from relmt.model.transformer import build_model
 from relmt.train import distributed, finish, init, resume
 from relmt.train.optim import build_optimizer, learning_rate
@@ -246,6 +247,9 @@ def train(cfg: Config) -> dict:
     model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID).to(dist.device)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s positions, %.2fM parameters", cfg.model.positions.value, n_params / 1e6)
+    if dist.device.type == "cpu":
+        log.info("linear maps on the CPU: %s in float32 training (%s; relmt/model/linear.py)", linear.cpu_gemm(),
+                 f"{linear.ENV}={linear.setting()}")
     optimizer = build_optimizer(model, tcfg)
     scaler = torch.amp.GradScaler(dist.device.type, enabled=amp == torch.float16)
     spm = {"path": str(tokenizer.path), "sha256": tokenizer.sha256(), "model": tokenizer.model_bytes()}

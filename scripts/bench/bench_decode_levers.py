@@ -86,6 +86,9 @@ def use_extend(fn: Callable) -> None:
 
 def int8_decoder(translator: Translator) -> Translator:
     model = copy.deepcopy(translator.model)
+    for m in model.decoder_layers.modules():  # relmt's Linear as torch's own, which quantize_dynamic swaps by type
+        if isinstance(m, nn.Linear):
+            m.__class__ = nn.Linear
     # q_proj is left out: relmt reads its weight to fold in 1/sqrt(d_z) (MultiHeadAttention.scaled_query_weights)
     names = {name: torch.ao.quantization.default_dynamic_qconfig for name, m in model.decoder_layers.named_modules()
              if isinstance(m, nn.Linear) and not name.endswith("q_proj")}

@@ -167,12 +167,14 @@ class Bench:
 
     def train(self, system: str, pos: str, rep: int) -> Path:
         out = self.scratch / f"r{rep}" / f"{system}-{pos}"
-        model = out / {"relmt": "checkpoints/last.pt", "onmt": f"model_step_{self.steps}.pt"}.get(system, "model")
+        model = out / {"relmt": "checkpoints/last.pt", "relmt-mkl": "checkpoints/last.pt",
+                       "onmt": f"model_step_{self.steps}.pt"}.get(system, "model")
         if model.exists() and self.earlier(stage="train", system=system, positions=pos, repeat=rep):
             return model
         shutil.rmtree(out, ignore_errors=True)  # an earlier run's files (this run does not resume it)
         gemm = self.calibrate(f"{system}/{pos} training")
-        if system == "relmt":
+        if system in ("relmt", "relmt-mkl"):
+            # relmt-mkl: torch's default CPU GEMM (MKL) for the linear maps instead of oneDNN (relmt/model/linear.py)
             # rel-heads: the paper's base setting, one table per head (relmt's default; CTranslate2 cannot hold it)
             self.run([self.relmt_bin / "relmt-train", f"hydra.run.dir={out}", "model=small",
                       f"model.positions={pos.removesuffix('-heads')}",
@@ -182,7 +184,8 @@ class Bench:
                       "train.max_padded_tokens=8192", f"train.max_steps={self.steps}",
                       f"train.log_every={self.log_every}", f"train.eval_every={self.steps}",
                       f"train.save_every={self.steps}", "train.valid_bleu=false", f"train.num_threads={self.threads}",
-                      "train.progress=false", f"seed={PEER_SEED}"], out / "bench.log")
+                      "train.progress=false", f"seed={PEER_SEED}"], out / "bench.log",
+                     {"RELMT_CPU_GEMM": "mkl" if system == "relmt-mkl" else "auto"})
             marks = relmt_marks(out)
         elif system in ("onmt", "eole"):
             config = out / "config.yaml"
@@ -397,7 +400,8 @@ def summarise(results: list[dict]) -> dict:
             "gemm_gflops": median_range([r["gemm_gflops"] for r in results])}
 
 
-NAMES = {"relmt": "**relmt**", "onmt": "OpenNMT-py 3.5.1", "eole": "eole 0.6.4", "marian": "HF transformers Marian",
+NAMES = {"relmt": "**relmt**", "relmt-mkl": "**relmt** (`RELMT_CPU_GEMM=mkl`: MKL, torch's default CPU GEMM)",
+         "onmt": "OpenNMT-py 3.5.1", "eole": "eole 0.6.4", "marian": "HF transformers Marian",
          "ct2:float32": "CTranslate2 4.8.5 float32 (OpenNMT-py's model)",
          "ct2:int8": "CTranslate2 4.8.5 int8 (OpenNMT-py's model)",
          "ct2-relmt:float32": "CTranslate2 4.8.5 float32 (relmt-export)",
@@ -539,6 +543,9 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows of SCRATCH/results.jsonl (an earlier, cut-off call with the same settings) "
                              "and measure only what is missing; without it the file starts afresh")
+    parser.add_argument("--relmt-mkl", action="store_true",
+                        help="train relmt a second time with RELMT_CPU_GEMM=mkl (torch's default CPU GEMM), beside "
+                             "its default (oneDNN for the linear maps), in the same run")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=110)
     parser.add_argument("--log-every", type=int, default=10)
@@ -569,6 +576,7 @@ def main() -> None:
     elif bench.log_path.exists():
         bench.log_path.unlink()
     trainers = [("relmt", "abs"), ("relmt", "rel")] + [("relmt", "rel-heads")] * opts.per_head + [
+        ("relmt-mkl", pos) for pos in ("abs", "rel") if opts.relmt_mkl] + [
         (p, pos) for p in opts.peers for pos in ("abs", "rel") if not (p == "marian" and pos == "rel")]
     models: dict[tuple[str, str], Path] = {}
     for rep in range(1, opts.repeats + 1):
@@ -577,7 +585,7 @@ def main() -> None:
             models.setdefault((system, pos), bench.train(system, pos, rep))
     decoders = []
     for (system, pos), model in models.items() if opts.decode else ():
-        if system != "eole":
+        if system not in ("eole", "relmt-mkl"):  # relmt-mkl: the linear maps' library in training only
             decoders.append((system, pos, model))
         if system == "onmt":
             for compute in ("float32", "int8"):

@@ -1,0 +1,110 @@
+"""Every linear map of the model (Vaswani §3.2.2's projections, §3.3's feed-forward layers, §3.4's tied output
+layer), and which CPU library multiplies its matrices in training.
+
+On the CPU, torch's fp32 matrix products go to MKL's sgemm. Matrix products are about 80% of a CPU training step
+(docs/results/performance/train_floor_cpu.md), and on an AMD EPYC with AVX-512 oneDNN, which torch also carries,
+multiplies a training step's shapes about twice as fast as MKL (that page's floor with each library, and
+perf_cpu_train.md's relmt rows with each). So in training, forward and backward, a linear map on CPU float32
+tensors goes through oneDNN (`torch.ops.mkldnn._linear_pointwise`, on plain tensors: no layout conversion is kept):
+y = x W^T + b, and in backward dx = g W and dW = g^T x, each one oneDNN product, and db = the sum of g.
+
+It is the same float32 arithmetic in another summation order: results agree with MKL's to float32 rounding
+(tests/test_linear.py), and a run is deterministic on either. Elsewhere `F.linear` runs as always: on CUDA,
+in float64, under autocast (which casts inside torch's own ops), without gradients (decoding, export), and
+inside torch.compile (Inductor picks its own kernels).
+
+One setting picks the library, like RELMT_ATTENTION for the attention route: the environment variable
+RELMT_CPU_GEMM=auto|onednn|mkl (auto when unset: oneDNN where torch has it; mkl: torch's default), read
+when relmt is imported; `use_cpu_gemm("mkl")` (a context manager) sets it for a block. It is a property
+of the run, not of the model: a checkpoint does not record it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from relmt.errors import UserError
+
+ENV = "RELMT_CPU_GEMM"
+CHOICES = ("auto", "onednn", "mkl")
+_setting = os.environ.get(ENV, "auto").strip().lower() or "auto"
+
+
+def setting() -> str:
+    """The library asked for: RELMT_CPU_GEMM, or what `use_cpu_gemm` set."""
+    if _setting not in CHOICES:
+        raise UserError(f"{ENV}={_setting}: not a CPU matrix library; use one of {', '.join(CHOICES)}")
+    return _setting
+
+
+def cpu_gemm() -> str:
+    """The library CPU training's linear maps use: onednn or mkl (auto: oneDNN where torch has it)."""
+    if setting() == "auto":
+        return "onednn" if torch.backends.mkldnn.is_available() else "mkl"
+    return _setting
+
+
+@contextlib.contextmanager
+def use_cpu_gemm(name: str) -> Iterator[None]:
+    """Force a library (or auto) inside the block, as RELMT_CPU_GEMM does for a whole run."""
+    global _setting
+    old, _setting = _setting, name
+    try:
+        yield
+    finally:
+        _setting = old
+
+
+def _onednn(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """x (M, K) times w (N, K) transposed, plus b: (M, N) by oneDNN (both operands read as contiguous rows)."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w.contiguous(), b, "none", [], "")
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """F.linear with oneDNN's products in forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _onednn(x.reshape(-1, x.shape[-1]), w, b).view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, w = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        dx = _onednn(g2, w.t()).view(x.shape) if ctx.needs_input_grad[0] else None
+        dw = _onednn(g2.t(), x.reshape(-1, x.shape[-1]).t()) if ctx.needs_input_grad[1] else None
+        db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """F.linear(x, w, b); in CPU float32 training through oneDNN where `cpu_gemm()` says so (see above)."""
+    if _training_on_cpu(x, w, b) and cpu_gemm() == "onednn":
+        return _OneDnnLinear.apply(x, w, b)
+    return F.linear(x, w, b)
+
+
+def _training_on_cpu(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
+    """CPU float32 operands with a gradient to compute, outside autocast, torch.compile and torch.export."""
+    if x.device.type != "cpu" or not x.numel() or not torch.is_grad_enabled():
+        return False
+    if x.dtype != torch.float32 or w.dtype != torch.float32 or (b is not None and b.dtype != torch.float32):
+        return False
+    if not (x.requires_grad or w.requires_grad) or torch.is_autocast_enabled("cpu"):
+        return False
+    return not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+
+
+class Linear(nn.Linear):
+    """nn.Linear (the same parameters and state_dict keys) whose product is `linear`'s."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)

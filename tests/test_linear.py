@@ -1,0 +1,127 @@
+"""relmt/model/linear.py: CPU float32 training's linear maps through oneDNN, pinned against float64 and against
+torch's own F.linear (MKL), in float32, the precision of CPU training; and where F.linear runs unchanged."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from relmt.config import ModelConfig, PosKind
+from relmt.errors import UserError
+from relmt.model import linear as linear_module
+from relmt.model.linear import Linear, cpu_gemm, linear, use_cpu_gemm
+from relmt.model.transformer import build_model
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+
+
+def operands(shape=(3, 37, 48), out=80, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g, requires_grad=True)
+    w = torch.randn(out, shape[-1], generator=g).mul_(0.1).requires_grad_()
+    b = torch.randn(out, generator=g, requires_grad=True) if bias else None
+    return x, w, b
+
+
+def run(fn, x, w, b):
+    """fn's output and the gradients of every operand, for a fixed upstream gradient."""
+    y = fn(x, w, b)
+    up = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=y.dtype)
+    leaves = [t for t in (x, w, b) if t is not None]
+    return [y.detach(), *torch.autograd.grad(y, leaves, up)]
+
+
+def in_float64(x, w, b):
+    return [t.detach().double().requires_grad_() if t is not None else None for t in (x, w, b)]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_onednn_forward_and_backward_match_float64_as_closely_as_torchs_own(bias, layout):
+    """y = x W^T + b, dx = g W, dW = g^T x, db = sum g: the oneDNN products against the float64 naive ones
+    are as close as torch's float32 F.linear (MKL) is, for a 3-D input, contiguous or a transposed view."""
+    x, w, b = operands(bias=bias)
+    if layout == "transposed":  # (B, T, d) as a view of (T, B, d), as attention's reshapes leave it
+        x = x.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()
+    with use_cpu_gemm("onednn"):
+        y = linear(x, w, b)
+        assert type(y.grad_fn).__name__ == "_OneDnnLinearBackward"
+        ours = run(linear, x, w, b)
+    mkl = run(F.linear, x, w, b)
+    reference = run(lambda *t: F.linear(*t), *in_float64(x, w, b))
+    for name, a, m, r in zip(("y", "dx", "dW", "db"), ours, mkl, reference):
+        assert a.dtype == torch.float32 and a.shape == r.shape, name
+        err, torch_err = (a.double() - r).abs().max().item(), (m.double() - r).abs().max().item()
+        assert err <= 4 * torch_err + 1e-6, (name, err, torch_err)
+        torch.testing.assert_close(a, m, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_f_linear_runs_unchanged_without_gradients_under_autocast_in_float64_and_under_mkl():
+    """Decoding (no grad), autocast (which casts inside torch's ops), float64 and RELMT_CPU_GEMM=mkl keep
+    torch's F.linear bit for bit."""
+    x, w, b = operands()
+    with use_cpu_gemm("onednn"):
+        with torch.no_grad():
+            assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = linear(x, w, b)
+            assert y.dtype == torch.bfloat16 and torch.equal(y, F.linear(x, w, b))
+        x64, w64, b64 = in_float64(x, w, b)
+        assert torch.equal(linear(x64, w64, b64), F.linear(x64, w64, b64))
+    with use_cpu_gemm("mkl"):
+        y = linear(x, w, b)
+        assert type(y.grad_fn).__name__ != "_OneDnnLinearBackward" and torch.equal(y, F.linear(x, w, b))
+
+
+def test_the_setting_auto_means_onednn_and_a_bad_value_names_the_variable(monkeypatch):
+    assert cpu_gemm() == "onednn"  # the default, where torch has oneDNN (this module's tests need it)
+    with use_cpu_gemm("mkl"):
+        assert cpu_gemm() == "mkl"
+    with use_cpu_gemm("auto"):
+        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+        assert cpu_gemm() == "mkl"
+    with use_cpu_gemm("blas"), pytest.raises(UserError, match="RELMT_CPU_GEMM=blas: .*auto, onednn, mkl"):
+        linear(*operands())
+
+
+def test_linear_keeps_nn_linears_parameters_and_state_dict():
+    torch.manual_seed(0)
+    ours, theirs = Linear(8, 4), torch.nn.Linear(8, 4)
+    theirs.load_state_dict(ours.state_dict())
+    assert isinstance(ours, torch.nn.Linear) and list(ours.state_dict()) == ["weight", "bias"]
+    x = torch.randn(5, 8)
+    with use_cpu_gemm("onednn"):
+        torch.testing.assert_close(ours(x.requires_grad_()), theirs(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("positions", ["abs", "rel"])
+def test_a_training_step_through_onednn_matches_mkl_to_float32_rounding(positions):
+    """The whole model, teacher-forced loss and every parameter's gradient, with each library: equal to float32
+    rounding (the products sum in another order), and the oneDNN route is taken in every linear map."""
+    cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                      attention_dropout=0.0, activation_dropout=0.0, positions=PosKind(positions),
+                      max_relative_position=3)
+    torch.manual_seed(0)
+    model = build_model(cfg, 50, 0).train()
+    src, tgt = torch.randint(1, 50, (4, 9)), torch.randint(1, 50, (4, 7))
+    calls, apply = [], linear_module._OneDnnLinear.apply
+
+    def counted(*args):
+        calls.append(1)
+        return apply(*args)
+
+    results = {}
+    for name in ("onednn", "mkl"):
+        model.zero_grad(set_to_none=True)
+        with use_cpu_gemm(name), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(linear_module._OneDnnLinear, "apply", counted)
+            logits = model(src, tgt)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+            loss.backward()
+        results[name] = [loss.detach(), *(p.grad.clone() for p in model.parameters() if p.grad is not None)]
+        if name == "onednn":
+            # per encoder layer q, kv, out, fc1, fc2; per decoder layer those and cross-attention's q, kv, out;
+            # the output layer
+            assert len(calls) == 2 * 5 + 2 * 8 + 1
+    assert len(calls) == 2 * 5 + 2 * 8 + 1  # none more under mkl
+    for a, b in zip(results["onednn"], results["mkl"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
