@@ -6,7 +6,7 @@ On the CPU, torch's fp32 matrix products go to MKL's sgemm. Matrix products are 
 multiplies a training step's shapes about twice as fast as MKL (that page's floor with each library, and
 perf_cpu_train.md's relmt rows with each). So in training, forward and backward, a linear map on CPU float32
 tensors goes through oneDNN (`torch.ops.mkldnn._linear_pointwise`, on plain tensors: no layout conversion is kept):
-y = x W^T + b, and in backward dx = g W and dW = g^T x, each one oneDNN product, and db = the sum of g.
+y = x W^T + b, and in backward dx = g W and dW = (x^T g)^T, each one oneDNN product, and db = the sum of g.
 
 It is the same float32 arithmetic in another summation order: results agree with MKL's to float32 rounding
 (tests/test_linear.py), and a run is deterministic on either. Elsewhere `F.linear` runs as always: on CUDA,
@@ -62,8 +62,9 @@ def use_cpu_gemm(name: str) -> Iterator[None]:
 
 
 def _onednn(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """x (M, K) times w (N, K) transposed, plus b: (M, N) by oneDNN (both operands read as contiguous rows)."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w.contiguous(), b, "none", [], "")
+    """x (M, K) times w (N, K) transposed, plus b: (M, N), by oneDNN. x is read as contiguous rows; w may be any
+    view, a transposed one included (oneDNN reorders its weight operand into its own layout anyway)."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
 
 
 class _OneDnnLinear(torch.autograd.Function):
@@ -80,7 +81,9 @@ class _OneDnnLinear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         g2 = g.reshape(-1, g.shape[-1])
         dx = _onednn(g2, w.t()).view(x.shape) if ctx.needs_input_grad[0] else None
-        dw = _onednn(g2.t(), x.reshape(-1, x.shape[-1]).t()) if ctx.needs_input_grad[1] else None
+        # dW^T = x^T g, with g read transposed as the weight operand: copying x^T to rows costs far less than
+        # copying g^T did, which is as wide as the layer's output (the vocabulary, for the output layer)
+        dw = _onednn(x.reshape(-1, x.shape[-1]).t(), g2.t()).t().contiguous() if ctx.needs_input_grad[1] else None
         db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db
 
