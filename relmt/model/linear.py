@@ -97,7 +97,7 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
 
 def _training_on_cpu(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
     """CPU float32 operands with a gradient to compute, outside autocast, torch.compile and torch.export."""
-    if x.device.type != "cpu" or not x.numel() or not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() or x.device.type != "cpu" or not x.numel():  # decoding leaves at the first test
         return False
     if x.dtype != torch.float32 or w.dtype != torch.float32 or (b is not None and b.dtype != torch.float32):
         return False
