@@ -1,6 +1,10 @@
 """relmt/model/linear.py: CPU float32 training's linear maps through oneDNN, pinned against float64 and against
 torch's own F.linear (MKL), in float32, the precision of CPU training; and where F.linear runs unchanged."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -125,3 +129,42 @@ def test_a_training_step_through_onednn_matches_mkl_to_float32_rounding(position
     assert len(calls) == 2 * 5 + 2 * 8 + 1  # none more under mkl
     for a, b in zip(results["onednn"], results["mkl"]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+GROWTH = """
+import sys, torch
+from relmt.model.linear import bound_onednn_caches, linear, use_cpu_gemm
+caps = bound_onednn_caches() if sys.argv[1] == "bounded" else {}
+torch.set_num_threads(1)
+w = torch.randn(1024, 32, requires_grad=True)
+
+
+def rss_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+
+def step(m):  # a training step's dW reads g^T (1024 x m) as oneDNN's weight operand
+    x = torch.randn(m, 32, requires_grad=True)
+    linear(x, w).backward(torch.randn(m, 1024))
+
+
+with use_cpu_gemm("onednn"):
+    step(500)
+    start = rss_mib()
+    for m in range(501, 651):  # 150 batches of 150 shapes, as token-budget batches have
+        step(m)
+print(caps, rss_mib() - start)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the resident memory from /proc")
+def test_bounded_onednn_caches_keep_memory_flat_over_a_new_shape_per_batch():
+    """oneDNN caches 1,024 primitives per shape, each keeping its scratchpad: unbounded, 150 shapes add about
+    270 MB here (and a Multi30k run grew by 280 MB an update until it was killed); bound_onednn_caches, as the
+    trainer calls it in a fresh process, keeps one primitive per cache."""
+    env = {k: v for k, v in os.environ.items() if k not in linear_module.CACHES}
+    out = subprocess.run([sys.executable, "-c", GROWTH, "bounded"], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    caps, _, growth = out.strip().rpartition(" ")
+    assert caps == "{'ONEDNN_PRIMITIVE_CACHE_CAPACITY': '1', 'LRU_CACHE_CAPACITY': '1'}"
+    assert float(growth) < 80, f"resident memory grew by {growth} MiB over 150 shapes"

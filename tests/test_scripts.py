@@ -464,3 +464,25 @@ def test_gpu_report_reads_cut_off_pytest_output():
               "=== 37 passed in 46.36s ===\n"
     assert report.cuda_tests(printed) == {"summary": "=== 37 passed in 46.36s ===", "bf16_errors": {
         "abs": {"logits": 0.005, "grads": 0.02}, "t5": {"logits": 0.004, "grads": 0.03, "x.table": 0.04}}}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the resident memory from /proc")
+def test_onednn_memory_trains_each_variant_and_reports_its_memory(tmp_path):
+    """scripts/bench/onednn_memory.py on a tiny Multi30k-shaped folder: three relmt-train runs (caches bounded,
+    unbounded, MKL), each with its environment, its speed and its resident memory sampled while it trained."""
+    corpus = tmp_path / "m30k"
+    corpus.mkdir()
+    words = ["the cat sits", "a dog runs on grass", "the bird sings", "two cats sleep", "one dog barks loudly"]
+    for split, n in (("train", 200), ("valid", 6)):
+        for lang in ("en", "de"):
+            (corpus / f"{split}.{lang}").write_text("".join(f"{words[i % 5]} {i % 7}\n" for i in range(n)))
+    out, md = tmp_path / "m.json", tmp_path / "m.md"
+    run_script("onednn_memory.py", "--data", str(corpus), "--steps", "4", "--log-every", "1", "--out", str(out),
+               "--md", str(md), "--set", "data.vocab_size=40", "data.spm_model_type=word",
+               f"data.cache_dir={tmp_path / 'cache'}", "train.max_padded_tokens=256", "train.warmup_steps=2")
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["env"] for r in rows] == [{}, dict.fromkeys(("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"),
+                                                          "1024"), {"RELMT_CPU_GEMM": "mkl"}]
+    assert all(r["tokens_per_s"] > 0 and r["peak_rss_mib"] > 50 and r["first_logged_update"] >= 1 for r in rows)
+    assert "| MKL (RELMT_CPU_GEMM=mkl) " in md.read_text() and "data.vocab_size=40" in md.read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 from collections.abc import Callable
 from datetime import timedelta
@@ -18,6 +19,7 @@ from relmt import checkpoint, runtime
 from relmt.config import ModelConfig, TrainConfig, compose
 from relmt.data.batching import Batch
 from relmt.errors import UserError
+from relmt.model import linear
 from relmt.model.transformer import build_model
 from relmt.train import distributed
 from relmt.train import loop as loop_module
@@ -174,9 +176,13 @@ def train_records(run_dir: Path, tag: str = "train") -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, lines) if r["tag"] == tag}
 
 
-def test_train_writes_every_artifact(tmp_path):
+def test_train_writes_every_artifact(tmp_path, monkeypatch):
     cfg = tiny_config(tmp_path, "run")
+    for var in linear.CACHES:  # unset for the run, restored after the test
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     metrics = loop_module.train(cfg)
+    assert {var: os.environ.get(var) for var in linear.CACHES} == dict.fromkeys(linear.CACHES, "1")  # bounded
     run = tmp_path / "run"
     assert metrics["status"] == "completed" and metrics["steps"] == 6
     for name in ("metrics.json", "metrics.jsonl", "tb", "checkpoints/last.pt", "checkpoints/best.pt",

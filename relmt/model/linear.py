@@ -17,6 +17,15 @@ One setting picks the library, like RELMT_ATTENTION for the attention route: the
 RELMT_CPU_GEMM=auto|onednn|mkl (auto when unset: oneDNN where torch has it; mkl: torch's default), read
 when relmt is imported; `use_cpu_gemm("mkl")` (a context manager) sets it for a block. It is a property
 of the run, not of the model: a checkpoint does not record it.
+
+oneDNN keeps every primitive it creates in two caches keyed by the operands' shapes, its own
+(ONEDNN_PRIMITIVE_CACHE_CAPACITY) and ideep's inside torch (LRU_CACHE_CAPACITY), 1,024 entries each, and a
+primitive keeps its scratchpad, which holds the weight operand reordered into oneDNN's layout. In training that
+operand is g^T for dW: as large as the logits' gradient for the output layer, and of a new shape with nearly every
+batch. A Multi30k run grew by about 280 MB an update until the kernel killed it. `bound_onednn_caches` (called by
+the trainer before its first step) keeps one primitive in each cache: a primitive costs far less to make than its
+products take, and training runs as fast (docs/results/performance/onednn_memory.md). Decoding keeps the caches
+as they are: the compiled and AOTInductor engines call oneDNN with prepacked weights in every step.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from torch import Tensor, nn
 from relmt.errors import UserError
 
 ENV = "RELMT_CPU_GEMM"
+CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's and ideep's primitive caches
 CHOICES = ("auto", "onednn", "mkl")
 _setting = os.environ.get(ENV, "auto").strip().lower() or "auto"
 
@@ -59,6 +69,12 @@ def use_cpu_gemm(name: str) -> Iterator[None]:
         yield
     finally:
         _setting = old
+
+
+def bound_onednn_caches() -> dict[str, str]:
+    """Keep one primitive in each of oneDNN's caches (see above), unless the environment sets a capacity. Both are
+    read once, when the process first calls oneDNN: call this before (the trainer does). Returns the capacities."""
+    return {var: os.environ.setdefault(var, "1") for var in CACHES}
 
 
 def _onednn(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:

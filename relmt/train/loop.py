@@ -248,8 +248,9 @@ def train(cfg: Config) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s positions, %.2fM parameters", cfg.model.positions.value, n_params / 1e6)
     if dist.device.type == "cpu":
-        log.info("linear maps on the CPU: %s in float32 training (%s; relmt/model/linear.py)", linear.cpu_gemm(),
-                 f"{linear.ENV}={linear.setting()}")
+        caches = ", ".join(f"{k}={v}" for k, v in linear.bound_onednn_caches().items())
+        log.info("linear maps on the CPU: %s in float32 training (%s; oneDNN caches %s; relmt/model/linear.py)",
+                 linear.cpu_gemm(), f"{linear.ENV}={linear.setting()}", caches)
     optimizer = build_optimizer(model, tcfg)
     scaler = torch.amp.GradScaler(dist.device.type, enabled=amp == torch.float16)
     spm = {"path": str(tokenizer.path), "sha256": tokenizer.sha256(), "model": tokenizer.model_bytes()}

@@ -61,6 +61,7 @@ from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import SplitIds, prepare
 from relmt.data.tokenizer import PAD_ID, Tokenizer
 from relmt.model import routes
+from relmt.model.linear import bound_onednn_caches
 from relmt.model.transformer import build_model
 from relmt.runtime import autocast_dtype, resolve_device, tune_cpu
 from relmt.train.distributed import Dist
@@ -390,6 +391,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    bound_onednn_caches()  # before the first oneDNN call, as relmt-train does (relmt/model/linear.py)
     if args.prepare_only:
         folder = prepare_wmt_like(args.shared_data, args.data, args.vocab_size, Path(args.cache_dir))
         print(json.dumps(json.loads((folder / "meta.json").read_text()), indent=2))

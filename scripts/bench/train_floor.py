@@ -38,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from relmt.bench import command_line, hardware, write_json
-from relmt.model.linear import use_cpu_gemm
+from relmt.model.linear import bound_onednn_caches, use_cpu_gemm
 from relmt.report.aggregate import md_table
 
 PEERS = {"onmt": "OpenNMT-py 3.5.1", "eole": "eole 0.6.4"}  # bench_peers.py's names of the relative peers
@@ -179,6 +179,7 @@ def report(payload: dict) -> str:
 
 
 def main() -> None:
+    bound_onednn_caches()  # before the first oneDNN call, as relmt-train does (relmt/model/linear.py)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peer-corpus", type=Path, default=bt.ROOT.parent / "shared/bench/make_peer_corpus.py",
                     help="make_peer_corpus.py (default ../shared/bench, this project's machines)")
