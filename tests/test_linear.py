@@ -160,7 +160,7 @@ print(caps, rss_mib() - start)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the resident memory from /proc")
 def test_bounded_onednn_caches_keep_memory_flat_over_a_new_shape_per_batch():
     """oneDNN caches 1,024 primitives per shape, each keeping its scratchpad: unbounded, 150 shapes add about
-    270 MB here (and a Multi30k run grew by 280 MB an update until it was killed); bound_onednn_caches, as the
+    270 MB here (and a Multi30k run by about 160 MB an update); bound_onednn_caches, as the
     trainer calls it in a fresh process, keeps one primitive per cache."""
     env = {k: v for k, v in os.environ.items() if k not in linear_module.CACHES}
     out = subprocess.run([sys.executable, "-c", GROWTH, "bounded"], env=env, capture_output=True, text=True,

@@ -22,10 +22,11 @@ oneDNN keeps every primitive it creates in two caches keyed by the operands' sha
 (ONEDNN_PRIMITIVE_CACHE_CAPACITY) and ideep's inside torch (LRU_CACHE_CAPACITY), 1,024 entries each, and a
 primitive keeps its scratchpad, which holds the weight operand reordered into oneDNN's layout. In training that
 operand is g^T for dW: as large as the logits' gradient for the output layer, and of a new shape with nearly every
-batch. A Multi30k run grew by about 280 MB an update until the kernel killed it. `bound_onednn_caches` (called by
-the trainer before its first step) keeps one primitive in each cache: a primitive costs far less to make than its
-products take, and training runs as fast (docs/results/performance/onednn_memory.md). Decoding keeps the caches
-as they are: the compiled and AOTInductor engines call oneDNN with prepacked weights in every step.
+batch. A Multi30k run grew by about 160 MB an update, and a run of issue 46 was killed at 13 GB.
+`bound_onednn_caches` (called by the trainer before its first step) keeps one primitive in each cache: making a
+primitive costs far less than its products take, and training runs as fast or faster
+(docs/results/performance/onednn_memory.md). Decoding keeps the caches as they are: the compiled and AOTInductor
+engines call oneDNN with prepacked weights in every step.
 """
 
 from __future__ import annotations
