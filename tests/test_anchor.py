@@ -100,7 +100,7 @@ def test_the_anchor_page_gives_the_means_over_seeds_and_rel_against_abs_seed_by_
     text, doc = page.read_text(), json.loads(page.with_suffix(".json").read_text())
     assert [(m["positions"], m["seeds"], m["mean_wu"], m["range_wu"], m["goal_met"]) for m in doc["means"]] == [
         ("abs", [1, 2], 40.5, 1.0, False), ("rel", [1, 2], 42.5, 1.0, True)]
-    assert "| abs | 1, 2 | 40.50 |" in text and "| rel | 1, 2 | 42.50 |" in text
+    assert "| abs | 1, 2 | 40.50 | -0.52 |" in text and "| rel | 1, 2 | 42.50 | +1.48 |" in text  # vs 41.02
     pairs = doc["rel_against_abs"]
     assert [p["seed"] for p in pairs] == [1, 2] and all(p["system"] > 99.9 and p["low"] > 0 for p in pairs)
     assert "**rel ≥ abs: held** (abs ≥ rel: did not hold), from 2 seed pairs" in text
