@@ -7,7 +7,7 @@ oneDNN's layout (g^T for dW, as large as the logits' gradient for the output lay
 bring a new shape nearly every update. Each variant runs `relmt-train` on Multi30k at Wu et al.'s recipe
 (experiment=multi30k_wu2021, the issue 46 runs, one thread) for --steps updates without validation, one after
 the other; the script samples the process's resident memory (VmRSS) every 0.2 s. Needs a quiet machine, and
-memory for the unbounded variant (about 0.3 GB an update). Reads ../shared/data/multi30k by default.
+memory for the unbounded variant (about 0.16 GB an update). Reads ../shared/data/multi30k by default.
 
     python scripts/bench/onednn_memory.py --out docs/results/performance/onednn_memory.json \
         --md docs/results/performance/onednn_memory.md
