@@ -40,10 +40,12 @@ def in_float64(x, w, b):
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-def test_onednn_forward_and_backward_match_float64_as_closely_as_torchs_own(bias, layout):
+@pytest.mark.parametrize("out", [80, 24])  # wider out than in (dW^T = x^T g) and narrower (dW = g^T x)
+def test_onednn_forward_and_backward_match_float64_as_closely_as_torchs_own(bias, layout, out):
     """y = x W^T + b, dx = g W, dW = g^T x, db = sum g: the oneDNN products against the float64 naive ones
-    are as close as torch's float32 F.linear (MKL) is, for a 3-D input, contiguous or a transposed view."""
-    x, w, b = operands(bias=bias)
+    are as close as torch's float32 F.linear (MKL) is, for a 3-D input, contiguous or a transposed view, and for
+    a layer wider or narrower out than in (linear._weight_grad copies the narrower operand)."""
+    x, w, b = operands(out=out, bias=bias)
     if layout == "transposed":  # (B, T, d) as a view of (T, B, d), as attention's reshapes leave it
         x = x.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()
     with use_cpu_gemm("onednn"):

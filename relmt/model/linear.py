@@ -6,7 +6,8 @@ On the CPU, torch's fp32 matrix products go to MKL's sgemm. Matrix products are 
 multiplies a training step's shapes about twice as fast as MKL (that page's floor with each library, and
 perf_cpu_train.md's relmt rows with each). So in training, forward and backward, a linear map on CPU float32
 tensors goes through oneDNN (`torch.ops.mkldnn._linear_pointwise`, on plain tensors: no layout conversion is kept):
-y = x W^T + b, and in backward dx = g W and dW = (x^T g)^T, each one oneDNN product, and db = the sum of g.
+y = x W^T + b, and in backward dx = g W and dW = g^T x (or (x^T g)^T), each one oneDNN product, and db = the sum
+of g.
 
 It is the same float32 arithmetic in another summation order: results agree with MKL's to float32 rounding
 (tests/test_linear.py), and a run is deterministic on either. Elsewhere `F.linear` runs as always: on CUDA,
@@ -98,11 +99,19 @@ class _OneDnnLinear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         g2 = g.reshape(-1, g.shape[-1])
         dx = _onednn(g2, w.t()).view(x.shape) if ctx.needs_input_grad[0] else None
-        # dW^T = x^T g, with g read transposed as the weight operand: copying x^T to rows costs far less than
-        # copying g^T did, which is as wide as the layer's output (the vocabulary, for the output layer)
-        dw = _onednn(x.reshape(-1, x.shape[-1]).t(), g2.t()).t().contiguous() if ctx.needs_input_grad[1] else None
+        dw = _weight_grad(x.reshape(-1, x.shape[-1]), g2) if ctx.needs_input_grad[1] else None
         db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db
+
+
+def _weight_grad(x: Tensor, g: Tensor) -> Tensor:
+    """dW = g^T x (N, K) for x (M, K) and g (M, N). oneDNN reads its first operand as rows, so one of them is
+    copied transposed: the narrower one. For a layer wider out than in (the output layer: N is the vocabulary),
+    dW^T = x^T g with g read transposed as the weight operand; for one narrower out (the feed-forward layer's
+    second map, K = 4 d_model), g^T x with x read transposed (scripts/bench/train_floor.py times the step)."""
+    if g.shape[1] < x.shape[1]:
+        return _onednn(g.t(), x.t())
+    return _onednn(x.t(), g.t()).t().contiguous()
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
