@@ -5,6 +5,8 @@ give what beam_search gives on the model itself, for every setting the graph tak
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -104,3 +106,29 @@ def test_an_aoti_export_without_the_search_graph_searches_in_python(tmp_path, mo
     (tmp_path / "search.pt2").write_bytes(b"package")
     engine = AotiModel(tmp_path)
     assert engine.searches(rules) and not engine.searches(Rules(EOS_ID + 1, *list(vars(rules).values())[1:]))
+
+
+def test_an_aoti_export_runs_search_small_for_steps_of_few_rows(tmp_path, monkeypatch):
+    """With search_small.pt2 beside search.pt2 (the same graph, autotuned for few rows), a step of at most
+    SMALL_ROWS hypotheses (sentences x beams) runs the small package and a larger one search.pt2; an export
+    without it runs search.pt2 at every size (no compiler: the packages are stand-ins that name themselves)."""
+    import json
+
+    import torch._inductor
+
+    from relmt.export.aoti import SMALL_ROWS, AotiModel
+
+    model = random_model(model_config(), VOCAB, seed=1)
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda path: (lambda *args: (Path(path).name,)))
+    (tmp_path / "aoti.json").write_text(json.dumps(shape_of(model) | {"torch": torch.__version__}))
+    for name in ("encoder.pt2", "step.pt2", "search.pt2"):
+        (tmp_path / name).write_bytes(b"package")
+
+    def package(sentences: int, beams: int) -> str:
+        return AotiModel(tmp_path).run_search(torch.zeros(sentences, beams, 3, dtype=torch.long))[0]
+
+    assert package(1, 4) == package(5, 4) == "search.pt2"
+    (tmp_path / "search_small.pt2").write_bytes(b"package")
+    assert SMALL_ROWS == 8
+    assert [package(1, 4), package(2, 4), package(1, 8), package(3, 3)] == ["search_small.pt2"] * 3 + ["search.pt2"]
+    assert package(5, 4) == package(32, 4) == "search.pt2"

@@ -1,14 +1,14 @@
 """AOTInductor as an inference engine of relmt (issue 33): the network compiled ahead of time into native code by
 PyTorch's own compiler, the search relmt's.
 
-`export_aoti(model, dir)` captures the graphs of relmt/export/graphs.py with `torch.export` (dynamic batch,
-beam, source and target lengths) and compiles each with `torch._inductor.aoti_compile_and_package` into
-encoder.pt2, step.pt2 and search.pt2 (the step with the beam search's own step: one call per step, issue 44 §7),
-beside aoti.json (the shapes the engine needs). `AotiModel` loads them with `torch._inductor.aoti_load_package`
-and runs them as a `GraphModel`, so every search and decoding option works on top of it (an export without
-search.pt2, made before it existed, runs the search step in Python). The compile needs a C++ compiler (g++ or
-clang++) and takes tens of seconds per graph; the packages then run in any process with the same torch version,
-on the threads torch is given.
+`export_aoti(model, dir)` captures the graphs of relmt/export/graphs.py with `torch.export` (dynamic batch, beam,
+source and target lengths) and compiles each with `torch._inductor.aoti_compile_and_package` into encoder.pt2,
+step.pt2 and search.pt2 (the step with the beam search's own step: one call per step, issue 44 §7), and the search
+graph again for steps of few rows (search_small.pt2, SMALL_ROWS), beside aoti.json (the shapes the engine needs).
+`AotiModel` loads them with `torch._inductor.aoti_load_package` and runs them as a `GraphModel`, so every search and
+decoding option works on top of it (an export without search.pt2, made before it existed, runs the search step in
+Python). The compile needs a C++ compiler (g++ or clang++) and takes tens of seconds per graph; the packages then
+run in any process with the same torch version, on the threads torch is given.
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ from relmt.errors import UserError
 from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph, examples, search_examples, shape_of
 from relmt.model.transformer import Transformer
 
-FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2, where the export has it
+FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_small.pt2, where the export has them
+AOTI_VERSION = 2  # 2: search_small.pt2 (a change makes a new artefact: relmt/export/engines.py's dependencies)
+# At a few rows (sentences x beams) a step's GEMMs are the library calls of oneDNN's prepacked products, and
+# inductor's own C++ GEMM template, autotuned at the examples' 6 rows (graphs.examples), runs them faster; at more
+# rows it is slower. search_small.pt2 is the search graph compiled so, run up to SMALL_ROWS rows: on the AMD EPYC of
+# docs/results/performance/perf_cpu.md the two cross between 2 and 4 sentences at beam 4.
+SMALL_ROWS = 8
+SMALL_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "autotune_num_choices_displayed": 0}
 
 
 def check_compiler() -> str:
@@ -41,7 +48,7 @@ def check_compiler() -> str:
 
 @torch.no_grad()
 def export_aoti(model: Transformer, directory: str | Path) -> Path:
-    """Compile encoder.pt2, step.pt2 and search.pt2 and write aoti.json into `directory`."""
+    """Compile encoder.pt2, step.pt2, search.pt2 and search_small.pt2 and write aoti.json into `directory`."""
     check_compiler()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -50,15 +57,17 @@ def export_aoti(model: Transformer, directory: str | Path) -> Path:
     search, search_dims = search_examples(model)
     with warnings.catch_warnings():  # the compiler's deprecation chatter is not the user's business
         warnings.simplefilter("ignore")
-        for name, module, args, dims in (("encoder", EncoderGraph(model), src, encoder_dims),
-                                         ("step", StepGraph(model), step, step_dims),
-                                         ("search", SearchGraph(model), search, search_dims)):
+        for name, module, args, dims, configs in (("encoder", EncoderGraph(model), src, encoder_dims, {}),
+                                                  ("step", StepGraph(model), step, step_dims, {}),
+                                                  ("search", SearchGraph(model), search, search_dims, {}),
+                                                  ("search_small", SearchGraph(model), search, search_dims,
+                                                   SMALL_CONFIGS)):
             program = torch.export.export(module, args, dynamic_shapes=dims)
             tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
             # freezing: the weights become constants, prepacked for oneDNN's GEMMs (1.5x faster decoder steps
             # at 32 sentences per batch on a CPU; docs/results/engines/engines_cpu.md)
             torch._inductor.aoti_compile_and_package(program, package_path=str(tmp),
-                                                     inductor_configs={"freezing": True})
+                                                     inductor_configs={"freezing": True, **configs})
             os.replace(tmp, directory / f"{name}.pt2")
     meta = shape_of(model) | {"torch": torch.__version__}
     (directory / "aoti.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -83,12 +92,20 @@ class AotiModel(GraphModel):
             self.encoder, self.step = (flat_call(directory / f"{name}.pt2") for name in ("encoder", "step"))
             if (directory / "search.pt2").is_file():
                 self.run_search = flat_call(directory / "search.pt2")
+            if self.run_search is not None and (directory / "search_small.pt2").is_file():
+                self.run_search = by_rows(flat_call(directory / "search_small.pt2"), self.run_search)
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.encoder(src)
 
     def run_step(self, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.step(*inputs)
+
+
+def by_rows(small, large):
+    """A search graph call that runs `small` for steps of at most SMALL_ROWS hypotheses (history: its first
+    input, (B, K, T + 1)), else `large`: the same graph compiled two ways, so either gives the same search."""
+    return lambda *inputs: (small if inputs[0].shape[0] * inputs[0].shape[1] <= SMALL_ROWS else large)(*inputs)
 
 
 def flat_call(path: Path):

@@ -106,6 +106,10 @@ def dependencies(engine: Engine) -> dict[str, str]:
         from relmt.export import graphs
 
         deps["relmt graphs"] = str(graphs.GRAPHS_VERSION)
+    if engine == Engine.aoti:
+        from relmt.export import aoti
+
+        deps["relmt aoti"] = str(aoti.AOTI_VERSION)
     if engine == Engine.onnx:
         from relmt.export import onnx
 
