@@ -486,3 +486,21 @@ def test_onednn_memory_trains_each_variant_and_reports_its_memory(tmp_path):
                                                           "1024"), {"RELMT_CPU_GEMM": "mkl"}]
     assert all(r["tokens_per_s"] > 0 and r["peak_rss_mib"] > 50 and r["first_logged_update"] >= 1 for r in rows)
     assert "| MKL (RELMT_CPU_GEMM=mkl) " in md.read_text() and "data.vocab_size=40" in md.read_text()
+
+
+@pytest.mark.slow
+def test_aoti_small_rows_times_each_search_graph_and_the_switch(tmp_path):
+    """scripts/bench/aoti_small_rows.py on a tiny trained checkpoint: engine=aoti decodes at each batch size with
+    search.pt2 alone, search_small.pt2 alone and relmt's switch at SMALL_ROWS, all with the same translations."""
+    from tests.tiny_checkpoints import SENTENCES, train_tiny
+
+    checkpoint = train_tiny(tmp_path / "run")
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(SENTENCES * 2) + "\n")
+    out, md = tmp_path / "s.json", tmp_path / "s.md"
+    run_script("aoti_small_rows.py", "--checkpoint", str(checkpoint), "--src", str(src), "--batches", "1", "4",
+               "--sentences", "4", "--length", "3", "--repeats", "1", "--out", str(out), "--md", str(md))
+    doc = json.loads(out.read_text())
+    assert list(doc["small_rows"].values()) == [0, 1 << 30, 4] and doc["identical_translations"] is True
+    assert all(v > 0 for by in doc["medians"].values() for v in by.values())
+    assert "| switch at 4 rows ÷ search.pt2 alone |" in md.read_text()

@@ -129,6 +129,7 @@ def test_an_aoti_export_runs_search_small_for_steps_of_few_rows(tmp_path, monkey
 
     assert package(1, 4) == package(5, 4) == "search.pt2"
     (tmp_path / "search_small.pt2").write_bytes(b"package")
-    assert SMALL_ROWS == 8
-    assert [package(1, 4), package(2, 4), package(1, 8), package(3, 3)] == ["search_small.pt2"] * 3 + ["search.pt2"]
+    assert SMALL_ROWS == 4
+    assert [package(1, 4), package(2, 2), package(1, 1), package(2, 4), package(1, 5)] == ["search_small.pt2"] * 3 + [
+        "search.pt2"] * 2
     assert package(5, 4) == package(32, 4) == "search.pt2"

@@ -29,9 +29,9 @@ FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_sm
 AOTI_VERSION = 2  # 2: search_small.pt2 (a change makes a new artefact: relmt/export/engines.py's dependencies)
 # At a few rows (sentences x beams) a step's GEMMs are the library calls of oneDNN's prepacked products, and
 # inductor's own C++ GEMM template, autotuned at the examples' 6 rows (graphs.examples), runs them faster; at more
-# rows it is slower. search_small.pt2 is the search graph compiled so, run up to SMALL_ROWS rows: on the AMD EPYC of
-# docs/results/performance/perf_cpu.md the two cross between 2 and 4 sentences at beam 4.
-SMALL_ROWS = 8
+# rows it is slower. search_small.pt2 is the search graph compiled so, run up to SMALL_ROWS rows: one sentence at
+# beam 4 (docs/results/engines/aoti_small_rows.md: faster at one sentence, slower from two).
+SMALL_ROWS = 4
 SMALL_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "autotune_num_choices_displayed": 0}
 
 
