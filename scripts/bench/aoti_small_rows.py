@@ -63,7 +63,8 @@ def main() -> None:
                 hyps = translator.translate(lines[:n], max_sentences=batch, **settings)
                 speed[way][batch].append(n / (time.perf_counter() - t0))
                 outputs.setdefault(f"{way}/{batch}", hyps)
-    same = len({tuple(h[:min(map(len, outputs.values()))]) for h in outputs.values()}) == 1
+    shortest = min(map(len, outputs.values()))  # batch sizes decode different numbers of sentences
+    same = len({tuple(h[:shortest]) for h in outputs.values()}) == 1
     medians = {way: {b: statistics.median(v) for b, v in by.items()} for way, by in speed.items()}
     payload = {"command": command_line(), "hardware": hardware(), "settings": {
         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "small_rows": WAYS,
