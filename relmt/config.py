@@ -42,6 +42,9 @@ class Norm(str, Enum):
     post = "post"  # LayerNorm after each residual sum (Vaswani et al. 2017)
 
 
+MAX_LENPEN = 10.0  # decode.lenpen's upper bound: 1000^10 and ((5 + 1000) / 6)^10 are far inside float32's range
+
+
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ValueError(f"{key}: {message}")
@@ -382,8 +385,11 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         _check(self.beam >= 1, "decode.beam", f"must be >= 1, got {self.beam}")
-        _check(self.lenpen >= 0, "decode.lenpen", f"must be >= 0, got {self.lenpen}")
-        _check(self.max_len_a >= 0, "decode.max_len_a", f"must be >= 0, got {self.max_len_a}")
+        # JSON and YAML both spell infinity (1e999, .inf): every float is checked finite, and lenpen is capped
+        # where ((5 + |y|) / 6)^alpha and |y|^alpha stay finite for outputs of thousands of tokens (issue 57)
+        _check(0 <= self.lenpen <= MAX_LENPEN, "decode.lenpen", f"must be in [0, {MAX_LENPEN:g}] (larger "
+               f"penalties overflow on long outputs), got {self.lenpen}")
+        _check(0 <= self.max_len_a < float("inf"), "decode.max_len_a", f"must be >= 0 and finite, got {self.max_len_a}")
         _check(self.max_len_b >= 0, "decode.max_len_b", f"must be >= 0, got {self.max_len_b}")
         _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b", "max_len_a and b are both 0")
         _check(self.max_source_tokens >= 1, "decode.max_source_tokens", f"must be >= 1, got {self.max_source_tokens}")
@@ -394,7 +400,8 @@ class DecodeConfig:
                f"must be >= 0 (0 = no cap), got {self.max_source_len}")
         _check(self.topk >= 0, "decode.topk", f"must be >= 0 (0 = no cut), got {self.topk}")
         _check(0 < self.topp <= 1, "decode.topp", f"must be in (0, 1] (1 = no cut), got {self.topp}")
-        _check(0 < self.temperature < float("inf"), "decode.temperature", f"must be > 0, got {self.temperature}")
+        _check(0 < self.temperature < float("inf"), "decode.temperature",
+               f"must be > 0 and finite, got {self.temperature}")
         for name, off in (("topk", 0), ("topp", 1.0), ("temperature", 1.0)):  # a setting that would do nothing
             _check(self.sampling or getattr(self, name) == off, f"decode.{name}",
                    f"applies only when sampling (decode.sampling=true), got {getattr(self, name)} without it")

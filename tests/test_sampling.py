@@ -71,9 +71,10 @@ def test_uniforms_are_uniform_and_differ_by_key_and_step():
 
 def test_sampling_logits_by_hand():
     x = torch.tensor([[2.0, 1.0, 0.0, -1.0, INF]])
-    assert torch.equal(sampling_logits(x, 1.0, 0, 1.0), x)
-    assert torch.equal(sampling_logits(x, 2.0, 0, 1.0), x / 2)
-    assert sampling_logits(x, 1.0, 2, 1.0).tolist() == [[2.0, 1.0, INF, INF, INF]]
+    shifted = (x - 2.0).double()  # the row's maximum subtracted, so that no temperature overflows (issue 57)
+    assert torch.equal(sampling_logits(x, 1.0, 0, 1.0), shifted)
+    assert torch.equal(sampling_logits(x, 2.0, 0, 1.0), shifted / 2)
+    assert sampling_logits(x, 1.0, 2, 1.0).tolist() == [[0.0, -1.0, INF, INF, INF]]
     # softmax(x) = .644, .237, .087, .032, 0 (cumulative .644, .881, .968): topp .6 keeps one, .7 two, .9 three,
     # .97 four
     kept = {p: torch.isfinite(sampling_logits(x, 1.0, 0, p)).sum().item() for p in (0.01, 0.6, 0.7, 0.9, 0.97)}

@@ -40,7 +40,8 @@ from relmt.model.transformer import Transformer
 def max_lengths(src_mask: Tensor, a: float, b: int) -> Tensor:
     """Per-sentence step limit floor(a * |x| + b), (B,) int64, from the source keep-mask (B, S)
     (tensor2tensor decodes up to input length + 50: a = 1, b = 50)."""
-    return (a * src_mask.sum(dim=1).to(torch.float64) + b).floor().long().clamp(min=1)
+    # clamped before the cast: a float past int64's range casts to an arbitrary (negative) integer
+    return (a * src_mask.sum(dim=1).to(torch.float64) + b).floor().clamp(1, 2.0 ** 31).long()
 
 
 def length_penalty(length: Tensor | float, alpha: float | Tensor, norm: LengthNorm | str | Tensor = LengthNorm.gnmt,

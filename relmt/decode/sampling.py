@@ -49,9 +49,13 @@ def uniforms(keys: Tensor, step: int) -> Tensor:
 
 
 def sampling_logits(logits: Tensor, temperature: float, topk: int, topp: float) -> Tensor:
-    """The scores (N, V) of q: logits / temperature with the tokens cut by topk and topp at -inf.
+    """The scores (N, V) of q, float64: logits / temperature, less the row's maximum (softmax is the same),
+    with the tokens cut by topk and topp at -inf.
     Tokens already at -inf (PAD, BOS) stay there and are never drawn."""
-    x = logits / temperature
+    # shifted by the row's maximum, in float64: logits / 1e-300 overflows to inf and inf - inf gives NaN (and
+    # 1e-300 is 0 in float32), while (logits - max) / temperature is <= 0, 0 at the most likely token, and
+    # tends to greedy's one-hot as the temperature does to 0 (issue 57)
+    x = (logits - logits.max(dim=-1, keepdim=True).values).double() / temperature
     if 0 < topk < x.shape[-1]:
         keep = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.topk(topk, dim=-1).indices, True)
         x = x.masked_fill(~keep, float("-inf"))
