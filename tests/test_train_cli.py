@@ -84,6 +84,10 @@ def test_cli_run_writes_the_run_directory_and_prints_bleu(tmp_path):
     ("model=tinny", "model=tinny: no such config (did you mean tiny?); the model configs (configs/model/) are base,"),
     ("train.lr=0.1", "train.lr was renamed: use train.noam_scale under lr_schedule=noam, train.peak_lr under"),
     ("train.max_tokens=512", "train.max_tokens was renamed: use train.max_padded_tokens"),
+    # OmegaConf's own words, with exit 1, were "Value '6/8' of type 'str' could not be converted to Integer"
+    ("train.update_freq=6/8", "train.update_freq=6/8: must be an integer"),
+    ("decode.lenpen=high", "decode.lenpen=high: must be a number"),
+    ("train.valid_bleu=maybe", "train.valid_bleu=maybe: must be true or false"),
 ])
 def test_bad_overrides_fail_with_a_clear_message(tmp_path, override, message):
     """Bad input exits 2 (the README's status), with one message naming the nearest valid key, config or
@@ -184,7 +188,10 @@ def test_sweep_overrides_are_checked_value_by_value():
     from relmt.cli.train import check_overrides
 
     assert check_overrides(["-m", "model.positions=abs,rel,rope", "model=tiny,toy", "data.splits.extra=x",
-                            "train.patience=null", "hydra.sweep.dir=x", "+foo=1"]) == []
+                            "train.patience=null", "hydra.sweep.dir=x", "+foo=1", "train.update_freq=1,2",
+                            "decode.lenpen=1e-1,2", "train.max_steps=range(1,3)", "train.valid_bleu=false",
+                            "train.warmup_steps=${train.eval_every}"]) == []
+    assert check_overrides(["-m", "train.update_freq=1,6/8"]) == ["train.update_freq=6/8: must be an integer"]
     assert check_overrides(["model.positions=abs,relativ", "model=tiny,tinny"]) == [
         "model.positions=relativ: not a valid value (did you mean rel?); the values are abs, rel, both, none, rope, "
         "alibi, t5",

@@ -127,7 +127,35 @@ def check_overrides(argv: list[str]) -> list[str]:
                     if name not in allowed and name != "null" and "(" not in name:
                         problems.append(f"{key}={name}: not a valid value{closest(name, allowed)}; the values are "
                                         f"{', '.join(allowed)}")
+            elif kind in SCALARS:
+                problems += [f"{key}={name}: {SCALARS[kind]}" for name in sweep_values(value)
+                             if not scalar_ok(kind, name)]
     return problems
+
+
+# what a scalar field's value must be, in the words of the error (OmegaConf's own says "Value '6/8' of type
+# 'str' could not be converted to Integer", and Hydra exits 1 with it)
+SCALARS = {int: "must be an integer", float: "must be a number", bool: "must be true or false"}
+
+
+def scalar_ok(kind: type, value: str) -> bool:
+    """Whether OmegaConf takes `value` (one value of an override, as Hydra parses it) for a field of
+    type `kind`: null, interpolations and sweep functions are Hydra's and OmegaConf's to judge."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import BooleanNode, FloatNode, IntegerNode
+    from omegaconf.errors import ValidationError
+
+    if "(" in value or "${" in value:
+        return True
+    try:
+        parsed = OverridesParser.create().parse_override(f"key={value}").value()
+    except Exception:  # Hydra's grammar refuses it, and says why in its own words
+        return True
+    try:
+        {int: IntegerNode, float: FloatNode, bool: BooleanNode}[kind](parsed)
+    except ValidationError:
+        return False
+    return True
 
 
 def renamed_overrides(argv: list[str]) -> list[str]:
