@@ -52,6 +52,9 @@ def _toy(cfg: DataConfig) -> datasets.DatasetDict:
     })
 
 
+BOM = "\ufeff"
+
+
 def read_lines(path: Path) -> list[str]:
     """All lines of a UTF-8 text file, without line endings."""
     if not path.is_file():
@@ -61,14 +64,18 @@ def read_lines(path: Path) -> list[str]:
 
 def decode_lines(data: bytes, name: str, first_line: int = 1) -> list[str]:
     """UTF-8 bytes -> lines without line endings; invalid UTF-8 names `name` and the line, counting
-    the first line of `data` as `first_line` (a chunk of a longer input). Splits on '\\n' only:
-    splitlines() would also split on U+2028 and friends and misalign a parallel corpus."""
+    the first line of `data` as `first_line` (a chunk of a longer input). A byte-order mark that opens
+    the file (first_line 1) is removed with a warning. Splits on '\\n' only: splitlines() would also
+    split on U+2028 and friends and misalign a parallel corpus."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + first_line
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise UserError(f"{name}:{line}: invalid UTF-8 (byte {column} of the line: {e.reason})") from None
+    if first_line == 1 and text.startswith(BOM):  # Python's utf-8-sig: U+FEFF would become a vocabulary piece
+        text = text[1:]  # and split the first word of line 1
+        log.warning("%s: removed the UTF-8 byte-order mark (U+FEFF) at the start of the file", name)
     nul = text.find("\0")
     if nul >= 0:  # a binary or UTF-16 file; sentencepiece would silently turn it into <unk>
         line = text.count("\n", 0, nul) + first_line
