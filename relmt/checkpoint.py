@@ -241,7 +241,7 @@ def resolve(path: str | Path) -> Path:
     for name, why in ((rule, "the run's train.test_checkpoint"), ("best", "the best validation"),
                       ("last", "the final update")):
         if name and (folder / f"{name}.pt").is_file():
-            log.warning("%s is a directory: using %s (%s)", path, folder / f"{name}.pt", why)
+            log.info("%s is a directory: using %s (%s)", path, folder / f"{name}.pt", why)  # documented: no warning
             return folder / f"{name}.pt"
     raise UserError(f"{path}: a directory without best.pt or last.pt; pass a checkpoint file, e.g. "
                     f"checkpoint={folder / 'best.pt'}")

@@ -150,6 +150,8 @@ def test_a_run_directory_stands_for_its_test_checkpoint(ckpt, tmp_path, capsys, 
         caplog.clear()
         assert guarded("relmt-translate", _translate, [f"checkpoint={given}", f"input={src}"]) == 0
         assert f"{given} is a directory: using {run / 'checkpoints' / f'{rule}.pt'}" in caplog.text
+        # the documented form (checkpoint=runs/mine) is said at INFO, not as a warning (issue 57)
+        assert [r.levelname for r in caplog.records if "is a directory" in r.getMessage()] == ["INFO"]
     assert guarded("relmt-translate", _translate, [f"checkpoint={run / 'config.yaml'}", f"input={src}"]) == 2
     err = capsys.readouterr().err
     assert "config.yaml: not a relmt checkpoint (not a file torch.save writes)" in err and "weights_only" not in err

@@ -145,6 +145,7 @@ def _translate(argv: list[str]) -> None:
                             f"give {TRANSLATE_RENAMED_KEYS[key]}={arg.partition('=')[2] or 'N'}")
     args = parse_args(TranslateArgs, argv, EXAMPLES["relmt-translate"])
     setup_logging(logging.WARNING)
+    logging.getLogger("relmt.checkpoint").setLevel(logging.INFO)  # which file a run directory stands for
     if args.buffer_lines < 1:
         raise UserError(f"buffer_lines={args.buffer_lines}: must be >= 1")
     for key, kind in (("eos_candidates", EosCandidates), ("length_norm", LengthNorm)):
