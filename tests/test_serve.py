@@ -550,6 +550,7 @@ def test_other_hosts_need_an_api_key_and_it_is_checked_before_binding(ckpt):
     (["threads=-1"], "threads=-1: must be >= 0"),
     (["max_len_b=-1"], "decode.max_len_b: must be >= 0, got -1"),
     (["min_len=-2"], "decode.min_len: must be >= 0, got -2"),
+    (["request_timeout_s=0"], "request_timeout_s=0: must be > 0"),
 ])
 def test_bad_arguments_are_said_before_anything_loads(ckpt, args, message, monkeypatch):
     from relmt.serve.main import serve

@@ -1,7 +1,8 @@
 """The routes: POST /v1/translate, GET /health, /ready, /metrics and the form at /.
 
 Errors are JSON {"error": message, "field": the field at fault or null}; see relmt/serve/requests.py
-for each bad input and its status. 503 (queue full, loading, shutting down) carries Retry-After.
+for each bad input and its status. 503 (max_connections translations in progress, queue full, loading,
+shutting down) carries Retry-After; a body that does not arrive within request_timeout_s gets 408.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from relmt.serve.args import ServeArgs
 from relmt.serve.batcher import Batcher, BatchFailed, NotReady, QueueFull
@@ -31,6 +33,7 @@ class State:
     metrics: Metrics
     api_key: str | None = None
     draining: bool = False  # set on SIGTERM by relmt/serve/main.py
+    translating: int = 0  # translation requests in progress, at most args.max_connections
     unanswered: list[int] = field(default_factory=list)
 
 
@@ -44,23 +47,33 @@ def error(status: int, message: str, field: str | None = None, retry: bool = Fal
     headers = {"Retry-After": RETRY_AFTER_S} if retry else {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
+    if status == 408:  # the rest of the body may still come: the connection is not reused
+        headers["Connection"] = "close"
     return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 past `limit` bytes: at once from Content-Length, else while it streams."""
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, refused with 413 past `limit` bytes (at once from Content-Length, else while it streams)
+    and with 408 when it has not all come within `timeout` seconds. ClientDisconnect when the client leaves."""
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise ApiError(413 if length.isdigit() else 400,
                        f"the body is {length} bytes, more than max_body_bytes={limit}" if length.isdigit()
                        else f"Content-Length: {length!r} is not a number")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the body is over max_body_bytes={limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the body is over max_body_bytes={limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the body did not arrive within request_timeout_s={timeout:g} s") from None
 
 
 async def until_disconnect(request: Request) -> None:
@@ -139,7 +152,16 @@ def create_app(state: State) -> FastAPI:
     @app.post("/v1/translate")
     async def translate(request: Request) -> Response:
         start = time.perf_counter()
-        response = await translate_response(request, state)
+        if state.translating >= state.args.max_connections:
+            metrics.errors.labels("max_connections").inc()
+            response = error(503, f"max_connections={state.args.max_connections} translation requests are in "
+                             "progress; retry later", retry=True)
+        else:
+            state.translating += 1
+            try:
+                response = await translate_response(request, state)
+            finally:
+                state.translating -= 1
         metrics.requests.labels(str(response.status_code)).inc()
         metrics.latency.observe(time.perf_counter() - start)
         return response
@@ -173,14 +195,17 @@ async def translate_response(request: Request, state: State) -> Response:
     try:
         if state.draining:
             raise NotReady("shutting down")
-        raw = await read_body(request, state.args.max_body_bytes)
+        raw = await read_body(request, state.args.max_body_bytes, state.args.request_timeout_s)
         if not batcher.ready:
             raise NotReady(batcher.load_error or "the model is loading")
         req = parse_body(raw, state.args, batcher.default_decode)
         job = batcher.submit(req.sentences, req.decode)
     except ApiError as e:
-        metrics.errors.labels("bad_request").inc()
+        metrics.errors.labels("request_timeout" if e.status == 408 else "bad_request").inc()
         return error(e.status, e.message, e.field)
+    except ClientDisconnect:  # gone in the middle of its body: nothing was queued
+        metrics.errors.labels("client_left").inc()
+        return Response(status_code=499)  # nobody reads it
     except (NotReady, QueueFull) as e:
         metrics.errors.labels("queue_full" if isinstance(e, QueueFull) else "not_ready").inc()
         return error(503, f"{'the queue is full' if isinstance(e, QueueFull) else 'not ready'}: {e}; retry later",

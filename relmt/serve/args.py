@@ -27,7 +27,13 @@ class ServeArgs:
     max_lines: int = 64  # sentences in one request
     max_line_chars: int = 1000  # characters in one sentence
     max_beam: int = 8  # options.beam (and so nbest) in one request (422 past it)
-    max_connections: int = 1024  # open connections and requests at once (uvicorn's limit_concurrency; 503 past it)
+    # translation requests in progress at once (their body being read, queued or decoding); past it 503 +
+    # Retry-After. The health routes and the page are not counted, and idle or unfinished connections neither:
+    # they are closed by the timeouts below and by uvicorn's 5 s keep-alive
+    max_connections: int = 1024
+    # the time a request's head (from the connection opening, or from the request's first byte) and then its
+    # body may take to arrive: past it the connection is closed (head) or answered 408 and closed (body)
+    request_timeout_s: float = 10.0
     # the scheduler (relmt/serve/batcher.py)
     queue_size: int = 256  # sentences waiting for the decoder; a request that does not fit gets 503 + Retry-After
     max_batch_tokens: int = 2000  # source tokens (sentencepiece pieces) gathered into one batch
@@ -74,7 +80,10 @@ def check_args(args: ServeArgs) -> None:
     if args.max_wait_ms < 0 or args.shutdown_deadline_s <= 0:
         raise UserError(f"max_wait_ms={args.max_wait_ms} must be >= 0 and shutdown_deadline_s="
                         f"{args.shutdown_deadline_s} > 0")
+    if not args.request_timeout_s > 0:
+        raise UserError(f"request_timeout_s={args.request_timeout_s:g}: must be > 0")
     if args.threads < 0:
         raise UserError(f"threads={args.threads}: must be >= 0 (0: torch's default)")
     if not 0 <= args.port <= 65535:
         raise UserError(f"port={args.port}: must be in [0, 65535] (0: any free port)")
+

@@ -18,9 +18,9 @@ from relmt.errors import UserError
 
 USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ctranslate2] [device=auto]\n"
          "            [host=127.0.0.1] [port=8000] [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000]\n"
-         "            [max_beam=8] [max_connections=1024] [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=30]\n"
-         "            [continuous=true] [threads=0] [max_len_a=] [max_len_b=] [min_len=] [shutdown_deadline_s=30]\n"
-         "            [log_level=warning]\n"
+         "            [max_beam=8] [max_connections=1024] [request_timeout_s=10] [queue_size=256]\n"
+         "            [max_batch_tokens=2000] [max_wait_ms=30] [continuous=true] [threads=0] [max_len_a=] [max_len_b=]\n"
+         "            [min_len=] [shutdown_deadline_s=30] [log_level=warning]\n"
          "Serve translations over HTTP: POST /v1/translate {\"text\": [...], \"options\": {\"beam\": 4}},\n"
          "GET /health, /ready, /metrics (Prometheus) and a form at /. A host other than loopback needs the\n"
          "environment variable RELMT_SERVE_API_KEY (clients send 'Authorization: Bearer <key>').")
@@ -42,6 +42,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def serve(argv: list[str]) -> int:
     from dataclasses import replace
+    from functools import partial
     from pathlib import Path
 
     from relmt import checkpoint
@@ -50,6 +51,7 @@ def serve(argv: list[str]) -> int:
     from relmt.serve.args import EXAMPLE, ServeArgs, check_args, length_overrides
     from relmt.serve.batcher import Batcher
     from relmt.serve.metrics import Metrics
+    from relmt.serve.protocol import HeadDeadline
     from relmt.serve.security import api_key
 
     args = parse_args(ServeArgs, argv, EXAMPLE)
@@ -88,9 +90,12 @@ def serve(argv: list[str]) -> int:
     batcher = Batcher(load, args.queue_size, args.max_batch_tokens, args.max_wait_ms, metrics.observe_batch,
                       metrics.queue.set, load_failed, continuous=args.continuous)
     state = State(args, batcher, metrics, api_key=key)
-    config = uvicorn.Config(create_app(state), log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=args.shutdown_deadline_s, server_header=False,
-                            limit_concurrency=args.max_connections)
+    # no limit_concurrency: uvicorn's counts every open connection, unfinished and idle ones included, and
+    # answers 503 to /health past it; max_connections counts translations (relmt/serve/app.py)
+    protocol = partial(HeadDeadline, deadline_s=args.request_timeout_s,
+                       on_timeout=metrics.errors.labels("request_timeout").inc)
+    config = uvicorn.Config(create_app(state), http=protocol, log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=args.shutdown_deadline_s, server_header=False)
     server = GracefulServer(config, state)
     sock = listening_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]

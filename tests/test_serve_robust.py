@@ -1,0 +1,168 @@
+"""relmt-serve against clients that stall or leave.
+
+As in tests/test_serve.py (whose Server this module uses), the server is the real
+process on 127.0.0.1, port=0, driven over loopback with httpx and raw sockets; every loop is bounded in count
+and time. The module's server has an API key, max_connections=2 and a short request_timeout_s.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.parse
+
+import pytest
+
+from tests.test_serve import KEY, Server, httpx, post
+from tests.tiny_checkpoints import toy_tokenizer, write_checkpoint
+
+REQUEST_TIMEOUT_S = 2
+STALLED_HEAD = b"POST /v1/translate HTTP/1.1\r\nHost: x\r\n"
+
+
+@pytest.fixture(scope="module")
+def robust(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("serve_robust")
+    ckpt = write_checkpoint(directory, "tiny.pt", toy_tokenizer(directory), seed=1)
+    s = Server(ckpt, directory / "server.log", "max_connections=2", f"request_timeout_s={REQUEST_TIMEOUT_S}",
+               key=KEY)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def anon(robust):
+    """A client without the key."""
+    with httpx.Client(base_url=robust.url, timeout=10) as client:
+        yield client
+
+
+def connect(server: Server) -> socket.socket:
+    host, port = urllib.parse.urlsplit(server.url).netloc.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock.settimeout(5)
+    return sock
+
+
+def is_open(sock: socket.socket) -> bool:
+    """Whether the server has not closed `sock` (nothing to read and no end of stream)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:  # reset
+        return False
+    finally:
+        sock.settimeout(5)
+
+
+def read_to_end(sock: socket.socket, timeout: float) -> bytes:
+    """Everything the server sends until it closes the connection (socket.timeout if it does not)."""
+    sock.settimeout(timeout)
+    data = b""
+    for _ in range(1000):
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def keyed_head(length: int) -> bytes:
+    return (b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (KEY.encode(), length))
+
+
+# --- clients that stall -------------------------------------------------------------------------------
+
+def test_stalled_request_heads_do_not_block_health_and_are_closed_at_the_deadline(robust, anon):
+    """Twice max_connections clients without the key send a request head that never ends (or nothing, or a
+    byte at a time): /health, /ready and a translation still answer while they hang, and the server closes
+    each of them request_timeout_s after it connected."""
+    socks = [connect(robust) for _ in range(4)]
+    opened = time.monotonic()
+    try:
+        for sock in socks[:3]:
+            sock.sendall(STALLED_HEAD)  # socks[3] sends nothing at all; socks[2] goes on a byte at a time
+        assert anon.get("/health").status_code == 200
+        assert anon.get("/ready").status_code == 200
+        r = post(robust, {"text": "the dog saw the cat"})
+        assert r.status_code == 200, r.text
+        assert all(is_open(sock) for sock in socks), "closed before the deadline: nothing was tested"
+        closed: dict[int, float] = {}
+        while len(closed) < len(socks) and time.monotonic() < opened + REQUEST_TIMEOUT_S + 5:
+            for i, sock in enumerate(socks):
+                if i not in closed and not is_open(sock):
+                    closed[i] = time.monotonic() - opened
+            if 2 not in closed:
+                try:
+                    socks[2].send(b"a")  # a header name that never ends: data does not extend the deadline
+                except OSError:
+                    pass
+            time.sleep(0.1)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert sorted(closed) == [0, 1, 2, 3], f"still open {REQUEST_TIMEOUT_S + 5} s on: {closed}"
+    assert all(REQUEST_TIMEOUT_S - 0.2 <= t for t in closed.values()), closed
+    assert robust.metric('relmt_serve_errors_total{kind="request_timeout"}') >= 3  # the three that began one
+    r = post(robust, {"text": "the dog saw the cat"})
+    assert r.status_code == 200, r.text
+
+
+def test_a_body_that_stalls_gets_408_and_its_connection_closed(robust):
+    before = robust.metric('relmt_serve_errors_total{kind="request_timeout"}')
+    with connect(robust) as sock:
+        sock.sendall(keyed_head(100) + b'{"text": ')  # 9 of the 100 bytes promised
+        start = time.monotonic()
+        answer = read_to_end(sock, REQUEST_TIMEOUT_S + 5)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert time.monotonic() - start >= REQUEST_TIMEOUT_S - 0.2
+    body = json.loads(answer.partition(b"\r\n\r\n")[2])
+    assert body["field"] is None and f"request_timeout_s={REQUEST_TIMEOUT_S}" in body["error"], body
+    assert robust.metric('relmt_serve_errors_total{kind="request_timeout"}') == before + 1
+    assert post(robust, {"text": "bob ran"}).status_code == 200
+
+
+def test_translations_past_max_connections_get_503_while_health_answers(robust, anon):
+    """max_connections counts translation requests in progress: past it a translation gets 503 + Retry-After,
+    and the health routes (which it does not count) still answer."""
+    answers: list = [None, None]
+
+    def send(i: int, text: str) -> None:
+        answers[i] = post(robust, {"text": text})
+
+    slow = threading.Thread(target=send, args=(0, "RELMT_TEST_SLOW the dog"))  # the decoder is busy 2 s
+    slow.start()
+    robust.wait_metric("relmt_serve_requests_in_progress", 1)
+    queued = threading.Thread(target=send, args=(1, "bob ran"))
+    queued.start()
+    robust.wait_metric("relmt_serve_requests_in_progress", 2)
+    over = post(robust, {"text": "one too many"})
+    assert anon.get("/health").status_code == 200 and anon.get("/ready").status_code == 200
+    assert robust.client.get("/metrics").status_code == 200
+    slow.join(30)
+    queued.join(30)
+    assert over.status_code == 503 and over.headers["retry-after"] == "1", over.text
+    assert over.json() == {"error": "max_connections=2 translation requests are in progress; retry later",
+                           "field": None}
+    assert [a.status_code for a in answers] == [200, 200], answers
+    assert robust.metric('relmt_serve_errors_total{kind="max_connections"}') == 1
+
+
+# --- a client that leaves in the middle of its body -------------------------------------------------------
+
+def test_a_client_that_leaves_inside_its_body_is_counted_without_a_traceback(robust):
+    before = robust.metric('relmt_serve_errors_total{kind="client_left"}')
+    with connect(robust) as sock:
+        sock.sendall(keyed_head(1000) + b'{"text": "')  # 10 of the 1000 bytes promised, then gone
+    robust.wait_metric('relmt_serve_errors_total{kind="client_left"}', before + 1, timeout=5)
+    assert post(robust, {"text": "bob ran"}).status_code == 200
+    log = robust.text()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
