@@ -5,7 +5,10 @@ every page of docs/ is in the nav, and the README stays a short front door whose
 import re
 from pathlib import Path
 
+import pytest
 import yaml
+
+from tests.scripts_import import load_script
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs"
@@ -57,3 +60,32 @@ def test_the_readme_is_short_and_its_links_resolve():
     assert text.startswith("# relmt\n\n```bash\nmake train ") and "\nmake test " in text.split("```")[1]
     links = [t.split("#")[0] for t in re.findall(r"\]\(([^)]+)\)", text) if not t.startswith("http")]
     assert links and [t for t in links if not (ROOT / t).exists()] == []
+
+
+# --- issue 57: the home page's headline table, long code lines, the built site ------------------------------
+
+def test_the_home_page_has_the_readmes_headline_table():
+    """docs/index.md's table is README.md's, copied with its links rewritten (scripts/docs/sync_headline.py)."""
+    sync = load_script("sync_headline")
+    index = (DOCS / "index.md").read_text()
+    assert index == sync.synced((ROOT / "README.md").read_text(), index), \
+        "docs/index.md's headline table differs from README.md's: run python scripts/docs/sync_headline.py"
+
+
+def test_the_headline_links_are_rewritten_for_the_site():
+    sync = load_script("sync_headline")
+    readme = "## Headline results\n\n| q | page |\n|---|---|\n| a | [x](docs/results/x.md#top), [y](https://y) |\n"
+    index = "# relmt\n\n## Headline results\n\n| old |\n|---|\n\nafter\n"
+    assert sync.synced(readme, index) == ("# relmt\n\n## Headline results\n\n| q | page |\n|---|---|\n"
+                                          "| a | [x](results/x.md#top), [y](https://y) |\n\nafter\n")
+    with pytest.raises(ValueError, match="outside docs/"):
+        sync.synced(readme.replace("docs/results/x.md", "data/README.md"), index)
+
+
+def test_code_blocks_wrap_their_long_lines():
+    """The five commands end in hydra.run.dir=runs/mine: a code line wraps instead of hiding its end."""
+    css = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["extra_css"]
+    assert "stylesheets/extra.css" in css
+    rule = re.search(r"\.md-typeset pre > code \{([^}]*)\}", (DOCS / "stylesheets/extra.css").read_text())
+    assert rule and "white-space: pre-wrap" in rule.group(1)
+
