@@ -89,3 +89,16 @@ def test_code_blocks_wrap_their_long_lines():
     rule = re.search(r"\.md-typeset pre > code \{([^}]*)\}", (DOCS / "stylesheets/extra.css").read_text())
     assert rule and "white-space: pre-wrap" in rule.group(1)
 
+
+def test_the_built_site_renders_the_config_fields(tmp_path):
+    """mkdocs (the docs extra) builds the site: the API page's config schemas show their fields, the config
+    reference its keys, and every page loads the extra stylesheet. `make docs` checks links (--strict)."""
+    pytest.importorskip("mkdocstrings")
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    build(load_config(str(ROOT / "mkdocs.yml"), site_dir=str(tmp_path), strict=False))
+    api = (tmp_path / "api/index.html").read_text()
+    assert 'id="relmt.config.TrainConfig.num_threads"' in api and 'id="relmt.config.ModelConfig.positions"' in api
+    assert "<code>train.num_threads</code>" in (tmp_path / "config/index.html").read_text()
+    assert "stylesheets/extra.css" in (tmp_path / "index.html").read_text()
