@@ -551,6 +551,8 @@ def test_other_hosts_need_an_api_key_and_it_is_checked_before_binding(ckpt):
     (["max_len_b=-1"], "decode.max_len_b: must be >= 0, got -1"),
     (["min_len=-2"], "decode.min_len: must be >= 0, got -2"),
     (["request_timeout_s=0"], "request_timeout_s=0: must be > 0"),
+    (["cors_origins=http://127.0.0.1:8080/"], "cors_origins: 'http://127.0.0.1:8080/' is not an origin"),
+    (["cors_origins=[127.0.0.1:8080]"], "cors_origins: '127.0.0.1:8080' is not an origin"),
 ])
 def test_bad_arguments_are_said_before_anything_loads(ckpt, args, message, monkeypatch):
     from relmt.serve.main import serve
@@ -641,6 +643,80 @@ def test_the_page_translates_in_a_headless_browser(server, tmp_path):
     out = re.search(r'<pre id="out"[^>]*>(.*?)</pre>', done.stdout, re.S)
     assert out is not None, done.stdout[-2000:] + done.stderr[-2000:]
     assert 'data-done="1"' in out.group(0) and out.group(1) == expected, out.group(0)
+
+
+class PageHost:
+    """A second HTTP server on 127.0.0.1, on a port of its own: another origin than relmt-serve's. It serves
+    the pages a test puts in `pages` (path -> HTML)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        pages = self.pages = {}
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                body = pages.get(self.path.partition("?")[0], "").encode()
+                self.send_response(200 if body else 404)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.origin = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(10)
+
+
+def fetch_page(api: str, sentence: str, key: str | None = None) -> str:
+    """A page whose script POSTs `sentence` to api/v1/translate with fetch() (JSON, and the key as a bearer
+    token: a CORS preflight either way) and writes the translation, or the error, into <pre id="out">."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    return f"""<!doctype html><html><body><pre id="out">waiting</pre><script>
+const out = document.getElementById("out");
+fetch({json.dumps(api + "/v1/translate")}, {{method: "POST", headers: {json.dumps(headers)},
+                                             body: JSON.stringify({{text: {json.dumps(sentence)}}})}})
+  .then(r => r.json().then(b => {{ out.textContent = r.ok ? "translation: " + b.translations[0]
+                                                         : "error: " + r.status + " " + b.error; }}))
+  .catch(e => {{ out.textContent = "error: " + e; }})
+  .finally(() => {{ out.dataset.done = "1"; }});
+</script></body></html>"""
+
+
+def browser_out(url: str, profile: Path) -> str:
+    """What the page at `url` wrote into <pre id="out"> once done, in headless chromium."""
+    done = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--dump-dom", url],
+                          capture_output=True, text=True, timeout=120)
+    out = re.search(r'<pre id="out"([^>]*)>(.*?)</pre>', done.stdout, re.S)
+    assert out is not None and 'data-done="1"' in out.group(1), done.stdout[-2000:] + done.stderr[-2000:]
+    return out.group(2)
+
+
+@pytest.mark.skipif(chromium() is None, reason="no chromium on PATH (.ci/run installs Debian's chromium)")
+def test_cors_is_off_by_default_so_a_page_of_another_origin_cannot_call(server, tmp_path):
+    """Without cors_origins the server sends no CORS headers: the browser refuses a page of another origin the
+    answer (tests/test_serve_robust.py has the page translating once its origin is allowed)."""
+    host = PageHost()
+    try:
+        host.pages["/call.html"] = fetch_page(server.url, "the dog saw the cat")
+        out = browser_out(f"{host.origin}/call.html", tmp_path / "profile")
+    finally:
+        host.close()
+    assert out.startswith("error: TypeError"), out  # fetch() failed: no Access-Control-Allow-Origin
+    preflight = server.client.options("/v1/translate", headers={
+        "Origin": host.origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type"})
+    assert "access-control-allow-origin" not in preflight.headers, preflight.headers
 
 
 def test_the_load_benchmark_runs_small(ckpt, tmp_path):

@@ -1,8 +1,9 @@
-"""relmt-serve against clients that stall or leave.
+"""relmt-serve against clients that stall, leave or come from another origin.
 
-As in tests/test_serve.py (whose Server this module uses), the server is the real
-process on 127.0.0.1, port=0, driven over loopback with httpx and raw sockets; every loop is bounded in count
-and time. The module's server has an API key, max_connections=2 and a short request_timeout_s.
+As in tests/test_serve.py (whose Server, pages and browser helpers this module uses), the server is the real
+process on 127.0.0.1, port=0, driven over loopback with httpx, raw sockets and headless chromium; every loop is
+bounded in count and time. The module's server has an API key, max_connections=2, a short request_timeout_s,
+and cors_origins naming one other loopback origin (a PageHost).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import urllib.parse
 
 import pytest
 
-from tests.test_serve import KEY, Server, httpx, post
+from tests.test_serve import KEY, PageHost, Server, browser_out, chromium, fetch_page, httpx, post
 from tests.tiny_checkpoints import toy_tokenizer, write_checkpoint
 
 REQUEST_TIMEOUT_S = 2
@@ -23,11 +24,18 @@ STALLED_HEAD = b"POST /v1/translate HTTP/1.1\r\nHost: x\r\n"
 
 
 @pytest.fixture(scope="module")
-def robust(tmp_path_factory):
+def page_host():
+    host = PageHost()
+    yield host
+    host.close()
+
+
+@pytest.fixture(scope="module")
+def robust(tmp_path_factory, page_host):
     directory = tmp_path_factory.mktemp("serve_robust")
     ckpt = write_checkpoint(directory, "tiny.pt", toy_tokenizer(directory), seed=1)
     s = Server(ckpt, directory / "server.log", "max_connections=2", f"request_timeout_s={REQUEST_TIMEOUT_S}",
-               key=KEY)
+               f"cors_origins={page_host.origin}", key=KEY)
     yield s
     s.stop()
 
@@ -166,3 +174,38 @@ def test_a_client_that_leaves_inside_its_body_is_counted_without_a_traceback(rob
     assert post(robust, {"text": "bob ran"}).status_code == 200
     log = robust.text()
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+
+
+# --- CORS ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(chromium() is None, reason="no chromium on PATH (.ci/run installs Debian's chromium)")
+def test_a_page_of_an_allowed_origin_translates_in_a_headless_browser(robust, page_host, tmp_path):
+    """A page on cors_origins' origin calls POST /v1/translate with the key (a preflight, which the key check
+    lets through) and shows the translation; the same page on another origin gets an error."""
+    sentence = "the dog saw the cat"
+    expected = post(robust, {"text": sentence}).json()["translations"][0]
+    page_host.pages["/call.html"] = fetch_page(robust.url, sentence, key=KEY)
+    assert browser_out(f"{page_host.origin}/call.html", tmp_path / "allowed") == f"translation: {expected}"
+    other = PageHost()
+    try:
+        other.pages["/call.html"] = fetch_page(robust.url, sentence, key=KEY)
+        out = browser_out(f"{other.origin}/call.html", tmp_path / "other")
+    finally:
+        other.close()
+    assert out.startswith("error: TypeError"), out
+
+
+def test_a_preflight_needs_no_key_and_allows_the_authorization_header(robust, page_host, anon):
+    preflight = {"Origin": page_host.origin, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    r = anon.options("/v1/translate", headers=preflight)
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == page_host.origin
+    assert {"authorization", "content-type"} <= {h.strip().lower() for h in
+                                                 r.headers["access-control-allow-headers"].split(",")}
+    assert "access-control-allow-credentials" not in r.headers
+    refused = anon.post("/v1/translate", json={"text": "bob ran"}, headers={"Origin": page_host.origin})
+    assert refused.status_code == 401  # the key is still needed, and the page may read why
+    assert refused.headers["access-control-allow-origin"] == page_host.origin
+    other = anon.options("/v1/translate", headers={**preflight, "Origin": "http://127.0.0.1:1"})
+    assert "access-control-allow-origin" not in other.headers

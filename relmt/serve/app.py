@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 
-from relmt.serve.args import ServeArgs
+from relmt.serve.args import ServeArgs, cors_origins
 from relmt.serve.batcher import Batcher, BatchFailed, NotReady, QueueFull
 from relmt.serve.metrics import Metrics
 from relmt.serve.page import page
@@ -148,6 +149,12 @@ def create_app(state: State) -> FastAPI:
     metrics = state.metrics
 
     app.add_middleware(Guard, state=state)
+    if origins := cors_origins(state.args):
+        # outside the Guard (the last added runs first): a preflight carries no Authorization header, and a
+        # 401 carries the CORS headers that let the page read it. No credentials (cookies): the key is a header
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Retry-After"],
+                           allow_credentials=False, max_age=600)
 
     @app.post("/v1/translate")
     async def translate(request: Request) -> Response:

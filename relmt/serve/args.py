@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,9 @@ class ServeArgs:
     # the time a request's head (from the connection opening, or from the request's first byte) and then its
     # body may take to arrive: past it the connection is closed (head) or answered 408 and closed (body)
     request_timeout_s: float = 10.0
+    # origins whose pages may call the server from a browser (CORS), e.g. [https://app.example.org] or a
+    # comma-separated string; "'*'" for any origin. Empty: none (browsers allow only the page at /)
+    cors_origins: Any = ""
     # the scheduler (relmt/serve/batcher.py)
     queue_size: int = 256  # sentences waiting for the decoder; a request that does not fit gets 503 + Retry-After
     max_batch_tokens: int = 2000  # source tokens (sentencepiece pieces) gathered into one batch
@@ -82,8 +86,21 @@ def check_args(args: ServeArgs) -> None:
                         f"{args.shutdown_deadline_s} > 0")
     if not args.request_timeout_s > 0:
         raise UserError(f"request_timeout_s={args.request_timeout_s:g}: must be > 0")
+    cors_origins(args)
     if args.threads < 0:
         raise UserError(f"threads={args.threads}: must be >= 0 (0: torch's default)")
     if not 0 <= args.port <= 65535:
         raise UserError(f"port={args.port}: must be in [0, 65535] (0: any free port)")
 
+
+def cors_origins(args: ServeArgs) -> list[str]:
+    """cors_origins as a list of origins (scheme://host[:port], as browsers send them in Origin), or a
+    UserError naming the one that is not."""
+    given = args.cors_origins
+    origins = [o.strip() for o in given.split(",") if o.strip()] if isinstance(given, str) else \
+        [str(o).strip() for o in given or []]
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/?#\s]+", origin):
+            raise UserError(f"cors_origins: {origin!r} is not an origin: write scheme://host[:port], with no path "
+                            "or trailing slash, e.g. https://app.example.org (or '*' for any origin)")
+    return origins

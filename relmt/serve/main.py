@@ -17,13 +17,17 @@ import uvicorn
 from relmt.errors import UserError
 
 USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ctranslate2] [device=auto]\n"
-         "            [host=127.0.0.1] [port=8000] [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000]\n"
-         "            [max_beam=8] [max_connections=1024] [request_timeout_s=10] [queue_size=256]\n"
-         "            [max_batch_tokens=2000] [max_wait_ms=30] [continuous=true] [threads=0] [max_len_a=] [max_len_b=]\n"
-         "            [min_len=] [shutdown_deadline_s=30] [log_level=warning]\n"
+         "            [precision=auto|fp32|bf16|fp16] [threads=0] [host=127.0.0.1] [port=8000]\n"
+         "            [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000] [max_beam=8]\n"
+         "            [max_connections=1024] [request_timeout_s=10] [cors_origins=[https://app.example.org,...]]\n"
+         "            [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=30] [continuous=true]\n"
+         "            [max_len_a=] [max_len_b=] [min_len=] [shutdown_deadline_s=30] [log_level=warning]\n"
          "Serve translations over HTTP: POST /v1/translate {\"text\": [...], \"options\": {\"beam\": 4}},\n"
          "GET /health, /ready, /metrics (Prometheus) and a form at /. A host other than loopback needs the\n"
-         "environment variable RELMT_SERVE_API_KEY (clients send 'Authorization: Bearer <key>').")
+         "environment variable RELMT_SERVE_API_KEY (clients send 'Authorization: Bearer <key>').\n"
+         "max_connections caps the translations in progress (503 past it); a request head or body that takes\n"
+         "longer than request_timeout_s closes its connection (a body: after a 408). cors_origins lets pages of\n"
+         "those origins call the server from a browser. Put TLS and a reverse proxy in front (docs/serving.md).")
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
