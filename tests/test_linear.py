@@ -170,3 +170,87 @@ def test_bounded_onednn_caches_keep_memory_flat_over_a_new_shape_per_batch():
     caps, _, growth = out.strip().rpartition(" ")
     assert caps == "{'ONEDNN_PRIMITIVE_CACHE_CAPACITY': '1', 'LRU_CACHE_CAPACITY': '1'}"
     assert float(growth) < 80, f"resident memory grew by {growth} MiB over 150 shapes"
+
+
+def compare(ours, mkl, reference, names):
+    """ours as close to the float64 reference as torch's float32 F.linear (MKL) is, and equal to it to float32
+    rounding."""
+    for name, a, m, r in zip(names, ours, mkl, reference):
+        assert a.dtype == torch.float32 and a.shape == r.shape, name
+        err, torch_err = (a.double() - r).abs().max().item(), (m.double() - r).abs().max().item()
+        assert err <= 4 * torch_err + 1e-6, (name, err, torch_err)
+        torch.testing.assert_close(a, m, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("op", ["relu_", "+=", "masked_fill_"])
+def test_the_output_takes_in_place_ops_as_f_linears_does(op):
+    """layer(x).relu_(), y += r and y.masked_fill_(...) in training, which nn.Linear allows: the oneDNN output is
+    not a view made inside the autograd.Function (autograd refuses in-place ops on one), and the gradients through
+    the in-place op match F.linear's."""
+    gen = torch.Generator().manual_seed(2)
+    r, mask = torch.randn(3, 37, 80, generator=gen), torch.rand(3, 37, 80, generator=gen) < 0.3
+
+    def edited(fn):
+        def f(x, w, b):
+            y = fn(x, w, b)
+            if fn is linear:
+                assert type(y.grad_fn).__name__ == "_OneDnnLinearBackward" and not y._is_view()
+            if op == "relu_":
+                y.relu_()
+            elif op == "+=":
+                y += r.to(y.dtype)
+            else:
+                y.masked_fill_(mask, 0.0)
+            return y
+        return f
+
+    x, w, b = operands()
+    with use_cpu_gemm("onednn"):
+        ours = run(edited(linear), x, w, b)
+    compare(ours, run(edited(F.linear), x, w, b), run(edited(F.linear), *in_float64(x, w, b)), ("y", "dx", "dW", "db"))
+
+
+def test_a_hessian_vector_product_through_onednn_equals_f_linears(monkeypatch):
+    """Double backward: with create_graph=True, backward computes the gradients with torch's differentiable
+    products, so a Hessian-vector product of a loss through the layer equals F.linear's (not zero). A backward
+    without create_graph keeps oneDNN's products: dx and dW, after forward's one."""
+    x, w, b = operands()
+    gen = torch.Generator().manual_seed(3)
+    v = [torch.randn(t.shape, generator=gen) for t in (x, w, b)]
+    calls, onednn = [], linear_module._onednn
+    monkeypatch.setattr(linear_module, "_onednn", lambda *t: calls.append(1) or onednn(*t))
+
+    def hvp(fn, x, w, b):
+        grads = torch.autograd.grad(fn(x, w, b).tanh().sum(), (x, w, b), create_graph=True)
+        assert len(calls) == (4 if fn is linear else 0)  # forward's product only
+        dot = sum((g * u.to(g.dtype)).sum() for g, u in zip(grads, v))
+        hv = torch.autograd.grad(dot, (x, w, b))  # through _OneDnnLinear's backward again, without create_graph
+        assert len(calls) == (6 if fn is linear else 0)
+        return [g.detach() for g in grads] + list(hv)
+
+    with use_cpu_gemm("onednn"):
+        linear(x, w, b).sum().backward()
+        assert len(calls) == 3
+        ours = hvp(linear, x, w, b)
+    calls.clear()
+    names = ("dx", "dW", "db", "Hv_x", "Hv_W", "Hv_b")
+    compare(ours, hvp(F.linear, x, w, b), hvp(F.linear, *in_float64(x, w, b)), names)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap(grad)"])
+def test_torch_func_transforms_through_linear_equal_f_linears(transform):
+    """torch.func's transforms take F.linear's route (the autograd.Function has no setup_context, vmap rule or
+    jvp): torch.func.grad, and per-sample gradients by vmap over it, equal F.linear's."""
+    x, w, b = operands()
+    x = x.detach()
+
+    def transformed(fn):
+        def loss(w, b, x):
+            return fn(x, w, b).tanh().sum()
+        grad = torch.func.grad(loss, argnums=(0, 1))
+        return grad if transform == "grad" else torch.func.vmap(grad, in_dims=(None, None, 0))
+
+    with use_cpu_gemm("onednn"):
+        ours = transformed(linear)(w, b, x)
+    for name, a, m in zip(("dW", "db"), ours, transformed(F.linear)(w, b, x)):
+        torch.testing.assert_close(a, m, rtol=1e-5, atol=1e-5, msg=name)

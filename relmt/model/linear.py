@@ -7,12 +7,13 @@ multiplies a training step's shapes about twice as fast as MKL (that page's floo
 perf_cpu_train.md's relmt rows with each). So in training, forward and backward, a linear map on CPU float32
 tensors goes through oneDNN (`torch.ops.mkldnn._linear_pointwise`, on plain tensors: no layout conversion is kept):
 y = x W^T + b, and in backward dx = g W and dW = g^T x (or (x^T g)^T), each one oneDNN product, and db = the sum
-of g.
+of g. oneDNN's products have no derivative in torch, so a backward with create_graph=True (a Hessian-vector
+product) computes dx and dW with torch's differentiable ones.
 
 It is the same float32 arithmetic in another summation order: results agree with MKL's to float32 rounding
 (tests/test_linear.py), and a run is deterministic on either. Elsewhere `F.linear` runs as always: on CUDA,
-in float64, under autocast (which casts inside torch's own ops), without gradients (decoding, export), and
-inside torch.compile (Inductor picks its own kernels).
+in float64, under autocast (which casts inside torch's own ops), without gradients (decoding, export), under
+torch.func's transforms, and inside torch.compile (Inductor picks its own kernels).
 
 One setting picks the library, like RELMT_ATTENTION for the attention route: the environment variable
 RELMT_CPU_GEMM=auto|onednn|mkl (auto when unset: oneDNN where torch has it; mkl: torch's default), read
@@ -92,16 +93,27 @@ class _OneDnnLinear(torch.autograd.Function):
     def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, w)
         ctx.has_bias = b is not None
-        return _onednn(x.reshape(-1, x.shape[-1]), w, b).view(*x.shape[:-1], w.shape[0])
+        y = _onednn(x.reshape(-1, x.shape[-1]), w, b)  # (M, N)
+        # not a view: autograd refuses in-place ops (relu_, +=) on a view made inside a Function
+        return _unsafe_view(y, (*x.shape[:-1], w.shape[0]))
 
     @staticmethod
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
-        g2 = g.reshape(-1, g.shape[-1])
-        dx = _onednn(g2, w.t()).view(x.shape) if ctx.needs_input_grad[0] else None
-        dw = _weight_grad(x.reshape(-1, x.shape[-1]), g2) if ctx.needs_input_grad[1] else None
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        if torch.is_grad_enabled():  # create_graph=True: torch's differentiable products, for double backward
+            dx = g.matmul(w) if ctx.needs_input_grad[0] else None
+            dw = g2.t().mm(x2) if ctx.needs_input_grad[1] else None
+        else:
+            dx = _unsafe_view(_onednn(g2, w.t()), x.shape) if ctx.needs_input_grad[0] else None
+            dw = _weight_grad(x2, g2) if ctx.needs_input_grad[1] else None
         db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db
+
+
+def _unsafe_view(t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """t.view(shape) that autograd does not record as a view (torch's matmul folds its products back the same way)."""
+    return torch.ops.aten._unsafe_view(t, shape)
 
 
 def _weight_grad(x: Tensor, g: Tensor) -> Tensor:
@@ -122,12 +134,15 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
 
 
 def _training_on_cpu(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
-    """CPU float32 operands with a gradient to compute, outside autocast, torch.compile and torch.export."""
+    """CPU float32 operands with a gradient to compute, outside autocast, torch.func, torch.compile and
+    torch.export."""
     if not torch.is_grad_enabled() or x.device.type != "cpu" or not x.numel():  # decoding leaves at the first test
         return False
     if x.dtype != torch.float32 or w.dtype != torch.float32 or (b is not None and b.dtype != torch.float32):
         return False
     if not (x.requires_grad or w.requires_grad) or torch.is_autocast_enabled("cpu"):
+        return False
+    if torch._C._are_functorch_transforms_active():  # torch.func: the Function has no setup_context, vmap or jvp
         return False
     return not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
