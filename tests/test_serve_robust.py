@@ -1,4 +1,4 @@
-"""relmt-serve against clients that stall, leave or come from another origin.
+"""relmt-serve against clients that stall, leave or come from another origin, and its error shapes.
 
 As in tests/test_serve.py (whose Server, pages and browser helpers this module uses), the server is the real
 process on 127.0.0.1, port=0, driven over loopback with httpx, raw sockets and headless chromium; every loop is
@@ -209,3 +209,30 @@ def test_a_preflight_needs_no_key_and_allows_the_authorization_header(robust, pa
     assert refused.headers["access-control-allow-origin"] == page_host.origin
     other = anon.options("/v1/translate", headers={**preflight, "Origin": "http://127.0.0.1:1"})
     assert "access-control-allow-origin" not in other.headers
+
+
+# --- errors are {"error", "field"} --------------------------------------------------------------------------
+
+def test_unknown_routes_and_methods_answer_error_and_field(robust):
+    missing = robust.client.get("/v2/translate")
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "no such route: GET /v2/translate (the routes: POST /v1/translate, "
+                                       "GET /health, /ready, /metrics and /)", "field": None}
+    wrong = robust.client.get("/v1/translate")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json() == {"error": "GET /v1/translate: method not allowed (allowed: POST)", "field": None}
+    assert robust.client.delete("/health").json()["field"] is None
+
+
+@pytest.mark.parametrize("raw,field,message", [
+    (b'{"text": 5}', "text", "text: must be a string or a list of strings"),
+    (b'{"text": {"a": "b"}}', "text", "text: must be a string or a list of strings"),
+    (b'{"text": ["a", 3]}', "text[1]", "text[1]: must be a string"),
+    (b'{"text": "a", "options": {"bem": 2}}', "options.bem",
+     "options.bem: no such option (did you mean beam?); the options are beam, nbest, lenpen, length_norm, "
+     "eos_candidates, sampling, topk, topp, temperature, seed"),
+    (b'{"text": "a", "txt": "b"}', "txt", "txt: no such field (did you mean text?); the fields are text, options"),
+], ids=["number", "object", "item", "option typo", "field typo"])
+def test_a_wrong_type_or_a_typo_is_said_plainly(robust, raw, field, message):
+    r = robust.client.post("/v1/translate", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json() == {"error": message, "field": field}, r.text

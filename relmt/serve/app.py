@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 
@@ -25,6 +26,7 @@ from relmt.serve.requests import ApiError, parse_body
 from relmt.serve.security import OPEN_PATHS, authorized
 
 RETRY_AFTER_S = "1"
+ROUTES = "POST /v1/translate, GET /health, /ready, /metrics and /"
 
 
 @dataclass
@@ -155,6 +157,15 @@ def create_app(state: State) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"], expose_headers=["Retry-After"],
                            allow_credentials=False, max_age=600)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> Response:
+        """A route that does not exist (404) or a method it does not take (405), as every other error."""
+        where = f"{request.method} {request.url.path}"
+        message = {404: f"no such route: {where} (the routes: {ROUTES})",
+                   405: f"{where}: method not allowed (allowed: {(e.headers or {}).get('Allow')})"}
+        return JSONResponse({"error": message.get(e.status_code, f"{where}: {e.detail}"), "field": None},
+                            status_code=e.status_code, headers=e.headers)
 
     @app.post("/v1/translate")
     async def translate(request: Request) -> Response:

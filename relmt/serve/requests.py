@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from relmt.cli.common import closest
 from relmt.config import DecodeConfig
 from relmt.errors import UserError
 from relmt.serve.args import ServeArgs
@@ -79,6 +80,17 @@ def validation_error(e: ValidationError) -> ApiError:
     # a union reports each branch; a list of strings is the more telling one for text=[..., 3]
     first = next((x for x in errors if "list[str]" in x["loc"]), errors[0])
     name = field_name(first["loc"])
+    if name == "text" and first["type"] in ("list_type", "string_type"):  # neither branch of the union
+        return ApiError(422, "text: must be a string or a list of strings", name)
+    if first["type"] == "string_type":
+        return ApiError(422, f"{name}: must be a string", name)
+    if first["type"] == "extra_forbidden":  # an unknown field or option: the nearest known one, as the CLI does
+        model = Options if name.startswith("options.") else TranslateBody
+        word = str(first["loc"][-1])
+        what = "option" if model is Options else "field"
+        known = list(model.model_fields)
+        return ApiError(422, f"{name}: no such {what}{closest(word, known)}; the {what}s are {', '.join(known)}",
+                        name)
     return ApiError(422, f"{name}: {first['msg']}", name)
 
 
