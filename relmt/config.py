@@ -57,17 +57,17 @@ class ModelConfig:
     # the preset's name: configs/model/<name>.yaml sets it, and each run's config.yaml records it, so
     # that relmt-report groups runs by it rather than guessing the size from d_model; "" = no preset
     name: str = ""
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    encoder_layers: int = 3
-    decoder_layers: int = 3
+    d_model: int = 256  # model width (Shaw §4.1: 512 base, 1024 big)
+    n_heads: int = 4  # attention heads; d_head = d_model / n_heads
+    d_ff: int = 1024  # inner width of the feed-forward sublayers
+    encoder_layers: int = 3  # encoder layers (6 in the paper)
+    decoder_layers: int = 3  # decoder layers (6 in the paper)
     dropout: float = 0.1  # embeddings and residual connections
-    attention_dropout: float = 0.1
-    activation_dropout: float = 0.1
-    norm: Norm = Norm.pre
+    attention_dropout: float = 0.1  # dropout on the attention probabilities
+    activation_dropout: float = 0.1  # dropout after the feed-forward sublayer's ReLU
+    norm: Norm = Norm.pre  # where LayerNorm sits: pre or post (see Norm)
     share_embeddings: bool = True  # source = target = output embedding (joint vocabulary)
-    positions: PosKind = PosKind.rel
+    positions: PosKind = PosKind.rel  # the position encoding: abs, rel (Shaw), both, none, rope, alibi, t5
     max_relative_position: int = 16  # k: distances j - i are clipped to [-k, k] (Shaw §3.2)
     relative_keys: bool = True  # a^K (Shaw Table 3)
     relative_values: bool = True  # a^V (Shaw Table 3)
@@ -121,11 +121,11 @@ class SpmNormalization(str, Enum):
 class ToyConfig:
     """Sizes of the synthetic corpus (relmt/data/toy.py); sentence lengths are in words."""
 
-    seed: int = 1
-    n_train: int = 20000
-    n_valid: int = 500
-    n_test: int = 500
-    n_test_long: int = 500
+    seed: int = 1  # generator seed: the same seed gives the same corpus
+    n_train: int = 20000  # training pairs
+    n_valid: int = 500  # validation pairs
+    n_test: int = 500  # test pairs (1..max_words words)
+    n_test_long: int = 500  # test_long pairs (max_words+1..2*max_words words: length generalisation)
     max_words: int = 16  # L: train/valid/test have 1..L words, test_long has L+1..2L
 
 
@@ -151,9 +151,9 @@ class DataConfig:
     """One corpus and how it becomes token ids (presets in configs/data/)."""
 
     name: str = "toy"  # a label for logs and the cache directory
-    source: Source = Source.toy
+    source: Source = Source.toy  # toy | text | hf (see Source)
     src: str = "src"  # language codes: file suffixes, column names or translation keys
-    tgt: str = "tgt"
+    tgt: str = "tgt"  # the target language code, as data.src
     # canonical split -> the source's split name; "train" and "valid" are required, every other
     # key is a test set (e.g. test: newstest2014). Ignored for toy, which has fixed splits.
     splits: dict[str, str] = field(default_factory=dict)
@@ -164,8 +164,8 @@ class DataConfig:
     toy: ToyConfig = field(default_factory=ToyConfig)
     # joint sentencepiece vocabulary, trained on the training split (both sides)
     vocab_size: int = 8000
-    spm_model_type: SpmModel = SpmModel.bpe
-    spm_character_coverage: float = 1.0
+    spm_model_type: SpmModel = SpmModel.bpe  # sentencepiece's model type: bpe, unigram, word or char
+    spm_character_coverage: float = 1.0  # sentencepiece's character_coverage (1.0: every character kept)
     spm_input_sentence_size: int = 2_000_000  # sentences sampled for spm training on big corpora
     # identity: decoding gives back the input's characters (outer spaces trimmed, runs squeezed)
     spm_normalization: SpmNormalization = SpmNormalization.identity
@@ -254,21 +254,21 @@ class TrainConfig:
     update_freq: int = 1  # micro-batches accumulated per update
     max_steps: int = 100_000  # stop after this many updates; 0 = no limit
     max_epochs: int = 0  # stop after this many epochs; 0 = no limit
-    lr_schedule: LrSchedule = LrSchedule.noam
+    lr_schedule: LrSchedule = LrSchedule.noam  # noam or inverse_sqrt; each reads its own field below
     # lr_schedule=noam only: the scale of Vaswani's formula (tensor2tensor's learning_rate_constant);
     # the peak rate it gives is noam_scale * (d_model * warmup_steps)^-0.5, e.g. 1.4e-3 for the base model
     noam_scale: float = 2.0
     peak_lr: float = 1e-3  # lr_schedule=inverse_sqrt only: the learning rate reached at warmup_steps
-    warmup_steps: int = 4000
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
+    warmup_steps: int = 4000  # updates of linear warm-up before the rate decays as step^-0.5
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam's beta1, beta2 (Shaw §4.1: 0.9, 0.98)
+    adam_eps: float = 1e-9  # Adam's epsilon (Shaw §4.1: 1e-9)
+    weight_decay: float = 0.0  # L2 penalty added to the gradient (torch.optim.Adam's); 0 = off
     # parameters kept at their initial values: fnmatch patterns on parameter names, e.g. '*.rel.w_v'
     # (the a^V tables; an ablation of issue 12). Each pattern must match some parameter.
     freeze: list[str] = field(default_factory=list)
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1  # label smoothing epsilon of the cross-entropy (Shaw §4.1: 0.1)
     clip_norm: float = 0.0  # gradient-norm clipping; 0 = off (tensor2tensor's default)
-    precision: Precision = Precision.auto
+    precision: Precision = Precision.auto  # auto | fp32 | bf16 | fp16 (see Precision)
     # torch.compile the model's forward and backward for training, with symbolic sizes: one graph serves
     # every batch shape (relmt/train/step.py, compile_for_training)
     compile: bool = False
@@ -282,13 +282,13 @@ class TrainConfig:
     num_threads: int = 0  # torch CPU threads; 0 = torch's default
     eval_every: int = 1000  # validate every N updates (and at the end)
     valid_bleu: bool = True  # decode the validation set for BLEU (else loss only)
-    best_metric: BestMetric = BestMetric.bleu
+    best_metric: BestMetric = BestMetric.bleu  # what picks checkpoints/best.pt and drives patience: bleu or loss
     # early stopping: stop after this many validations in a row without a new best of best_metric
     # (the test splits are then scored as after max_steps); 0 or null = off
     patience: int | None = 0
     save_every: int = 1000  # write checkpoints/step_N.pt and last.pt every N updates
     keep_last: int = 5  # step_N.pt files kept
-    log_every: int = 100
+    log_every: int = 100  # log the training loss, rate and speed every N updates
     progress: bool = True  # a tqdm bar on a terminal
     resume: bool = False  # continue from checkpoints/last.pt of the run directory
     # train again from scratch in a run directory that holds a run, replacing its checkpoints and
@@ -298,7 +298,7 @@ class TrainConfig:
     # optimizer, schedule and data position. Only seeds a fresh run: a resumable run directory wins.
     init_from: str | None = None
     max_bad_steps: int = 5  # consecutive NaN/inf losses or gradients tolerated (each update skipped)
-    test_checkpoint: CheckpointRule = CheckpointRule.best
+    test_checkpoint: CheckpointRule = CheckpointRule.best  # what scores the test splits: best, last or averaged
     average_last: int = 0  # at the end, average the last N step_N.pt into averaged.pt (Shaw §4.1: 20)
     # DDP: how long ranks wait in a collective while rank 0 alone builds a missing data cache,
     # validates or decodes the test sets (NCCL's default, 10 minutes, kills long ones)
@@ -360,12 +360,12 @@ class DecodeConfig:
     # en-fr (each with its own BPE; references reach 2.7x their source), and halves those steps on the toy
     # corpus (a third fewer on Multi30k). The experiments with committed runs keep a = 1, b = 50.
     max_len_a: float = 2.0
-    max_len_b: int = 10
+    max_len_b: int = 10  # b of the output length limit floor(a * |x| + b)
     # per decoding batch: batch size x longest source, EOS and padding included (source tokens
     # only; training's train.max_padded_tokens counts source + target)
     max_source_tokens: int = 8000
     max_sentences: int = 0  # cap on sentences per decoding batch (fairseq's --batch-size); 0 = none
-    nbest: int = 1
+    nbest: int = 1  # hypotheses returned per sentence, best first (at most beam)
     early_stop: bool = False  # stop a sentence once it has `beam` finished hypotheses
     min_len: int = 0  # EOS is suppressed before this many output tokens (benchmarks force lengths)
     eos_candidates: EosCandidates = EosCandidates.t2t  # beam > 1 only: beam 1 is always greedy
@@ -378,10 +378,10 @@ class DecodeConfig:
     # the smallest set holding topp of the probability (1 = all), and returns the nbest of them by
     # score. The draws are a function of (seed, input line, sample, step) alone: no global RNG.
     sampling: bool = False
-    topk: int = 0
-    topp: float = 1.0
-    temperature: float = 1.0
-    seed: int = 1
+    topk: int = 0  # sampling only: keep the k most likely tokens; 0 = no cut
+    topp: float = 1.0  # sampling only: keep the smallest set holding this probability; 1 = no cut
+    temperature: float = 1.0  # sampling only: logits are divided by it (> 0)
+    seed: int = 1  # sampling only: draws are a function of (seed, line, sample, step)
 
     def __post_init__(self) -> None:
         _check(self.beam >= 1, "decode.beam", f"must be >= 1, got {self.beam}")
@@ -426,7 +426,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-    seed: int = 1
+    seed: int = 1  # torch's seed for the initial weights, dropout and batch order
     out_dir: str = ""  # the run directory; the CLI sets it to Hydra's output dir
 
 
