@@ -16,7 +16,7 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("relmt_serve_requests", "Translation requests answered, by HTTP status",
                                 ["status"], registry=r)
-        self.errors = Counter("relmt_serve_errors", "Translation requests refused or failed, by kind",
+        self.errors = Counter("relmt_serve_errors", "Requests refused or failed, by kind (docs/serving.md)",
                               ["kind"], registry=r)
         self.latency = Histogram("relmt_serve_request_seconds", "Time from a translation request's arrival to "
                                  "its answer", buckets=LATENCY_BUCKETS, registry=r)
