@@ -8,11 +8,14 @@ DOCS_STAMP := $(VENV)/.docs-installed
 .PHONY: train test test-fast test-exhaustive test-gpu test-all lint docs docs-serve
 
 # torch is pinned and installed first: a CPU wheel of 2.13.0 lies on these machines, while a bare
-# `torch` requirement would pull a multi-GB CUDA build. pyproject.toml keeps torch>=2.3.
+# `torch` requirement would pull a multi-GB CUDA build. pyproject.toml keeps torch>=2.3. Elsewhere,
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU wheel from PyTorch's own index (PyPI's
+# Linux wheel is the CUDA build); docs/getting-started.md, Install.
+TORCH_INDEX ?=
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
