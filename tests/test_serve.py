@@ -553,6 +553,7 @@ def test_other_hosts_need_an_api_key_and_it_is_checked_before_binding(ckpt):
     (["request_timeout_s=0"], "request_timeout_s=0: must be > 0"),
     (["cors_origins=http://127.0.0.1:8080/"], "cors_origins: 'http://127.0.0.1:8080/' is not an origin"),
     (["cors_origins=[127.0.0.1:8080]"], "cors_origins: '127.0.0.1:8080' is not an origin"),
+    (["cors_origins=*"], "cors_origins=*: not a value YAML can read"),  # a YAML alias: a traceback before
 ])
 def test_bad_arguments_are_said_before_anything_loads(ckpt, args, message, monkeypatch):
     from relmt.serve.main import serve
@@ -738,3 +739,12 @@ def test_the_load_benchmark_runs_small(ckpt, tmp_path):
     assert payload["exit_statuses"] == {"continuous": 0, "batch": 0} and payload["offline"]["single_n"] == 3
     assert "1 client p50 ÷ offline one-at-a-time" in (tmp_path / "serve.md").read_text()
     assert all(row["mean_batch"] >= 1 and row["client_cpu_share"] > 0 for row in payload["levels"])
+
+
+def test_without_the_serve_extra_it_says_what_to_install():
+    """Without fastapi/uvicorn it used to stop with a bare ImportError traceback (issue 57)."""
+    code = ("import sys; sys.modules['uvicorn'] = None; sys.argv = ['relmt-serve', 'checkpoint=x.pt']; "
+            "from relmt.serve.main import main; main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "relmt-serve needs the serve extra" in done.stderr and "pip install 'relmt[serve]'" in done.stderr

@@ -144,6 +144,14 @@ def parse_args(schema: type, argv: list[str], example: str = ""):
     given = {key for key, _, value in (a.partition("=") for a in argv) if value != "???"}
     if missing := [k for k in needed if k not in given]:
         raise required(missing, example)
+    import yaml
+
+    for arg in argv:  # each value is read as YAML, where a bare * or & starts an alias or anchor
+        try:
+            OmegaConf.from_dotlist([arg])
+        except yaml.YAMLError as e:
+            raise UserError(f"{arg}: not a value YAML can read ({getattr(e, 'problem', None) or e}); quote it, "
+                            f"e.g. {arg.partition('=')[0]}=\"'{arg.partition('=')[2]}'\"") from None
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv)))
     except MissingMandatoryValue as e:  # the check above should leave none; said the same way all the same

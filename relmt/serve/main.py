@@ -12,8 +12,6 @@ import logging
 import socket
 import sys
 
-import uvicorn
-
 from relmt.errors import UserError
 
 USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ctranslate2] [device=auto]\n"
@@ -49,13 +47,15 @@ def serve(argv: list[str]) -> int:
     from functools import partial
     from pathlib import Path
 
+    import uvicorn
+
     from relmt import checkpoint
     from relmt.cli.common import parse_args, setup_logging
     from relmt.serve.app import State, create_app
     from relmt.serve.args import EXAMPLE, ServeArgs, check_args, length_overrides
     from relmt.serve.batcher import Batcher
     from relmt.serve.metrics import Metrics
-    from relmt.serve.protocol import HeadDeadline
+    from relmt.serve.protocol import GracefulServer, HeadDeadline
     from relmt.serve.security import api_key
 
     args = parse_args(ServeArgs, argv, EXAMPLE)
@@ -116,20 +116,16 @@ def serve(argv: list[str]) -> int:
     return 0
 
 
-class GracefulServer(uvicorn.Server):
-    """uvicorn.Server, with two changes: SIGTERM first marks the server draining (/ready and new
-    translations answer 503 while accepted ones finish), and a graceful stop exits 0 instead of
-    re-raising the signal when done (uvicorn's default, which would end the process with -15)."""
+def check_extra() -> None:
+    """The serve extra's packages, or a UserError saying how to install them (not a bare ImportError)."""
+    import importlib
 
-    def __init__(self, config: uvicorn.Config, state) -> None:
-        super().__init__(config)
-        self.state = state
-
-    def handle_exit(self, sig, frame) -> None:
-        self.state.draining = True
-        super().handle_exit(sig, frame)
-        if hasattr(self, "_captured_signals"):
-            self._captured_signals.clear()
+    for module in ("fastapi", "uvicorn", "prometheus_client"):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(f"relmt-serve needs the serve extra (fastapi, uvicorn, prometheus-client; {e}): "
+                            "pip install 'relmt[serve]', or pip install -e '.[serve]' in a checkout") from None
 
 
 def main() -> None:
@@ -141,6 +137,7 @@ def main() -> None:
         print(USAGE)
         sys.exit(0)
     try:
+        check_extra()
         status = serve(argv)
     except (UserError, ValueError) as e:
         print(f"relmt-serve: error: {format_error(e)}", file=sys.stderr)

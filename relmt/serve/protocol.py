@@ -1,4 +1,5 @@
-"""uvicorn's HTTP protocol (httptools), with a deadline on each request head.
+"""uvicorn's pieces: its HTTP protocol (httptools) with a deadline on each request head, and its server
+with a graceful SIGTERM (GracefulServer).
 
 uvicorn closes a keep-alive connection that stays idle between two requests, but nothing bounds the time a
 request head may take: a client that connects and sends nothing, or sends `POST /v1/translate HTTP/1.1\\r\\n`
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
@@ -60,3 +62,19 @@ class HeadDeadline(HttpToolsProtocol):
             if self.in_head:
                 self.on_timeout()
             self.transport.close()
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn.Server, with two changes: SIGTERM first marks the server draining (/ready and new
+    translations answer 503 while accepted ones finish), and a graceful stop exits 0 instead of
+    re-raising the signal when done (uvicorn's default, which would end the process with -15)."""
+
+    def __init__(self, config: uvicorn.Config, state) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig, frame) -> None:
+        self.state.draining = True
+        super().handle_exit(sig, frame)
+        if hasattr(self, "_captured_signals"):
+            self._captured_signals.clear()
