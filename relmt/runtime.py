@@ -56,6 +56,32 @@ def tune_cpu() -> dict[str, bool]:
     return _applied
 
 
+def warn_if_busy(device: torch.device, load: float | None = None) -> bool:
+    """Warn when other processes already hold the cores that CPU training's threads would use: libgomp's
+    threads spin while they wait for each other (unless OMP_WAIT_POLICY=PASSIVE), and against another job's
+    threads a step ran 2-5x slower than with one thread (docs/results/performance/busy_cpu.md). `load`: the
+    one-minute load average (default: the system's), read before this process starts working. Returns
+    whether it warned."""
+    import os
+
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads < 2 or os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive":
+        return False
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:  # not on this platform
+            return False
+    cores = os.cpu_count() or threads
+    if load + threads <= cores + 0.5:
+        return False
+    log.warning("the machine is busy (load average %.1f on %d cores) and training uses %d threads, which spin "
+                "against the other processes: a step can take several times longer. With others on the machine, "
+                "train.num_threads=1 (or OMP_WAIT_POLICY=PASSIVE in the environment) trains faster "
+                "(docs/getting-started.md, A shared or busy machine)", load, cores, threads)
+    return True
+
+
 def autocast_dtype(precision: Precision, device: torch.device, setting: str = "precision") -> torch.dtype | None:
     """The autocast dtype at `precision` on `device`, for training and decoding alike; None means
     fp32. auto is bf16 on CUDA and fp32 elsewhere; bf16 is bf16 anywhere; fp16 needs CUDA and is

@@ -222,6 +222,7 @@ def train(cfg: Config) -> dict:
     if tcfg.num_threads:
         torch.set_num_threads(tcfg.num_threads)
     runtime.tune_cpu()
+    runtime.warn_if_busy(dist.device)
     torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
     # A resume is checked before the data is prepared: a refused one should not wait for a cache build.
     batch_source = resume.batch_source(cfg.data, dist.world_size)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -31,10 +32,13 @@ from relmt.bench import command_line, hardware, markdown_table, write_json
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def train_jobs(overrides: list[str], threads: list[int], steps: int, work: Path, tag: str) -> dict:
-    """Start one relmt-train per entry of `threads` at once; wait; return their figures."""
+def train_jobs(overrides: list[str], threads: list[int], steps: int, work: Path, tag: str, env: dict | None = None,
+               spinners: int = 0) -> dict:
+    """Start one relmt-train per entry of `threads` at once (`env` added to their environment), beside
+    `spinners` processes that each hold one core in a pure-Python loop; wait; return their figures."""
     bin_dir = Path(sys.executable).parent
     procs, dirs = [], []
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spinners)]
     t0 = time.perf_counter()
     for i, n in enumerate(threads):
         run_dir = work / f"{tag}-{i}"
@@ -43,11 +47,17 @@ def train_jobs(overrides: list[str], threads: list[int], steps: int, work: Path,
                f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.save_every={steps}",
                f"train.log_every={max(steps // 4, 1)}", "train.valid_bleu=false", "train.progress=false",
                f"hydra.run.dir={run_dir}"]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    for p, run_dir in zip(procs, dirs):
-        _, err = p.communicate()
-        if p.returncode != 0:
-            raise SystemExit(f"relmt-train in {run_dir} failed ({p.returncode}):\n{err[-3000:]}")
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, **(env or {})}))
+    try:
+        for p, run_dir in zip(procs, dirs):
+            _, err = p.communicate()
+            if p.returncode != 0:
+                raise SystemExit(f"relmt-train in {run_dir} failed ({p.returncode}):\n{err[-3000:]}")
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
     wall = time.perf_counter() - t0
     metrics = [json.loads((d / "metrics.json").read_text()) for d in dirs]
     per_job = [m["tokens_per_s"] for m in metrics]
