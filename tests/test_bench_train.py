@@ -202,7 +202,8 @@ def test_a_size_that_runs_out_of_gpu_memory_is_measured_again_on_smaller_batches
         return [{"system": "relmt", "size": size, "positions": "abs"}]
 
     monkeypatch.setattr(bench, "measure_size", measure)
-    monkeypatch.setattr(bench, "make_batches", lambda ids, budget, args, device: (["batch"] * budget, None))
+    monkeypatch.setattr(bench, "make_batches",
+                        lambda ids, budget, args, device, batch_by="source": (["batch"] * budget, None))
     args = argparse.Namespace(max_padded_tokens=9, positions=["abs", "rel"])
     rows = bench.measure_fitting("base", args, None, 10, ["batch"] * 9, torch.device("cpu"), None, 1.0, False)
     assert budgets == [9, 6] and rows == [{"system": "relmt", "size": "base", "positions": "abs",

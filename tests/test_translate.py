@@ -175,7 +175,7 @@ def test_translate_takes_a_single_string(ckpt):
 
 @pytest.mark.parametrize("override,message", [
     ("beam=0", "beam=0: must be >= 1"),
-    ("lenpen=-1", "lenpen=-1.0: must be >= 0"),
+    ("lenpen=-1", "lenpen=-1.0: must be in [0, 10]"),
     ("max_len_a=-2", "max_len_a=-2.0: must be >= 0"),
     ("max_source_tokens=0", "max_source_tokens=0: must be >= 1"),
     ("max_source_len=-1", "max_source_len=-1: must be >= 0"),
