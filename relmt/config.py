@@ -221,6 +221,13 @@ class LrSchedule(str, Enum):
     inverse_sqrt = "inverse_sqrt"  # linear warm-up to peak_lr, then peak_lr * sqrt(warmup / step)
 
 
+class BatchBy(str, Enum):
+    """The length that training batches are sorted by before they are cut (relmt/data/batching.py)."""
+
+    source = "source"  # source length, then target length (fairseq's order)
+    longest = "longest"  # max(source, target + 1): less padding where the two differ (issue 58)
+
+
 class Precision(str, Enum):
     auto = "auto"  # bf16 autocast on CUDA, fp32 on CPU
     fp32 = "fp32"
@@ -251,6 +258,7 @@ class TrainConfig:
     # decoding counts source tokens only (decode.*)
     max_padded_tokens: int = 4096
     max_sentences: int = 0  # cap on sentences per micro-batch; 0 = none
+    batch_by: BatchBy = BatchBy.source  # the length batches are sorted by: source, or longest side
     update_freq: int = 1  # micro-batches accumulated per update
     max_steps: int = 100_000  # stop after this many updates; 0 = no limit
     max_epochs: int = 0  # stop after this many epochs; 0 = no limit
@@ -268,6 +276,10 @@ class TrainConfig:
     freeze: list[str] = field(default_factory=list)
     label_smoothing: float = 0.1  # label smoothing epsilon of the cross-entropy (Shaw §4.1: 0.1)
     clip_norm: float = 0.0  # gradient-norm clipping; 0 = off (tensor2tensor's default)
+    # the output layer and the loss a few thousand target tokens at a time, gradients included, so that the
+    # (tokens x vocabulary) logits never exist whole (relmt/train/loss.py output_nll); the same loss and
+    # gradients up to float rounding
+    chunked_loss: bool = False
     precision: Precision = Precision.auto  # auto | fp32 | bf16 | fp16 (see Precision)
     # torch.compile the model's forward and backward for training, with symbolic sizes: one graph serves
     # every batch shape (relmt/train/step.py, compile_for_training)

@@ -111,8 +111,12 @@ class BatchSampler:
     """Which examples form each batch, for every epoch, on one rank of `world_size`."""
 
     def __init__(self, data: SplitIds, max_tokens: int, seed: int = 1, shuffle: bool = True,
-                 rank: int = 0, world_size: int = 1, max_sentences: int = 0) -> None:
+                 rank: int = 0, world_size: int = 1, max_sentences: int = 0, batch_by: str = "source") -> None:
         self.src_lens, self.tgt_lens = data.src_lens, data.tgt_lens
+        # batch_by=longest sorts by max(source, target + 1) first: a batch's cost is its widest source plus its
+        # widest target, and pairs of equal source length but different target lengths padded each other
+        self.sort_keys = ((self.tgt_lens, self.src_lens) if batch_by == "source" else
+                          (self.src_lens, np.maximum(self.src_lens, self.tgt_lens + 1)))
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
         self.rank, self.world_size, self.max_sentences = rank, world_size, max_sentences
         self.widths = (self.src_lens, self.tgt_lens + 1)  # the target framed by BOS / EOS
@@ -127,7 +131,7 @@ class BatchSampler:
         rng = np.random.default_rng([self.seed, epoch])
         idx = rng.permutation(self.fits) if self.shuffle else self.fits
         # sort by length; the shuffle above breaks ties differently each epoch (lexsort is stable)
-        order = idx[np.lexsort((self.tgt_lens[idx], self.src_lens[idx]))]
+        order = idx[np.lexsort(tuple(key[idx] for key in self.sort_keys))]
         batches = token_batches(self.widths, self.max_tokens, self.max_sentences, order)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]

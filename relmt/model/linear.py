@@ -147,6 +147,29 @@ def _training_on_cpu(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
     return not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
 
+def _plain_cpu_float32(*ts: Tensor) -> bool:
+    """Every operand a CPU float32 tensor, outside torch.compile and torch.export: oneDNN's products may serve."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts) and cpu_gemm() == "onednn"
+            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()))
+
+
+# The three products of a linear map, for code that writes its own gradient (relmt/train/loss.py's chunked output
+# layer): no autograd, oneDNN on CPU float32 where `cpu_gemm()` says so, torch's matmul elsewhere.
+def product(x: Tensor, w: Tensor) -> Tensor:
+    """x (M, K) w (N, K)^T: the forward product, (M, N)."""
+    return _onednn(x, w) if _plain_cpu_float32(x, w) else x @ w.t()
+
+
+def input_grad(g: Tensor, w: Tensor) -> Tensor:
+    """g (M, N) w (N, K): the gradient of the input, (M, K)."""
+    return _onednn(g, w.t()) if _plain_cpu_float32(g, w) else g @ w
+
+
+def weight_grad(x: Tensor, g: Tensor) -> Tensor:
+    """g (M, N)^T x (M, K): the gradient of the weight, (N, K)."""
+    return _weight_grad(x, g) if _plain_cpu_float32(x, g) else g.t() @ x
+
+
 class Linear(nn.Linear):
     """nn.Linear (the same parameters and state_dict keys) whose product is `linear`'s."""
 

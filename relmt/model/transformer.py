@@ -183,20 +183,22 @@ class Transformer(nn.Module):
         target embedding matrix itself (Vaswani §3.4, tied weights)."""
         return linear(self.decoder_norm(x), self.tgt_embed.weight)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, project: bool = True) -> Tensor:
         """Teacher-forced pass. tgt_in: (B*K, T) = BOS + y, right-padded, K >= 1 hypotheses per
-        sentence of memory (B, S, d_model) and src_mask (B, S). Returns (B*K, T, V) logits."""
+        sentence of memory (B, S, d_model) and src_mask (B, S). Returns (B*K, T, V) logits, or with
+        project=False the normalised states (B*K, T, d_model) that the output layer would multiply by
+        tgt_embed.weight (the chunked loss of relmt/train/loss.py does it a few rows at a time)."""
         mask = src_mask[:, None, None, :]
         x = self._embed(self.tgt_embed, tgt_in)
         terms = self._terms(self.decoder_positions, tgt_in.shape[1], tgt_in.shape[1], 0, x)
         for layer in self.decoder_layers:
             k, v = layer.cross_attn.project_kv(memory)
             x, _ = layer(x, k, v, mask, terms=terms)
-        return self._logits(x)
+        return self._logits(x) if project else self.decoder_norm(x)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
         memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask)
+        return self.decode(tgt_in, memory, src_mask, project)
 
     def init_cache(self, memory: Tensor, hypotheses: int | None = None) -> DecoderCache:
         """An empty cache for `hypotheses` rows (default: one per sentence; K per sentence for a

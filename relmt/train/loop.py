@@ -238,7 +238,7 @@ def train(cfg: Config) -> dict:
     corpus = corpus or prepare(cfg.data)
     tokenizer, train_ids = corpus.tokenizer, corpus.ids("train")
     sampler = BatchSampler(train_ids, tcfg.max_padded_tokens, cfg.seed, True, dist.rank, dist.world_size,
-                           tcfg.max_sentences)
+                           tcfg.max_sentences, tcfg.batch_by.value)
     if not sampler.epoch(0):
         raise UserError(f"data '{cfg.data.name}': no training batches (is the train split empty?)")
     log.info("train: %d pairs, %d batches per epoch per rank, padding %.1f%%; effective batch = "
@@ -292,7 +292,8 @@ def train(cfg: Config) -> dict:
             group = [collate(train_ids, index, tcfg.pad_to_multiple).to(dist.device)
                      for index in batches[state.batch: state.batch + tcfg.update_freq]]
             loss_sum, nll_sum, n_tgt, n_src, grad_norm = train_step(
-                model, net, optimizer, scaler, group, lr, tcfg.label_smoothing, amp, dist, ddp, tcfg.clip_norm)
+                model, net, optimizer, scaler, group, lr, tcfg.label_smoothing, amp, dist, ddp, tcfg.clip_norm,
+                tcfg.chunked_loss)
             fp16_scale = scaler.get_scale() if scaler.is_enabled() else None
             state.bad_in_row, skipped = count_skipped(loss_sum, grad_norm, fp16_scale, state.bad_in_row,
                                                       state.step + 1, lr, tcfg, last)

@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 # Settings that change the data or the batch order: a resume with other values would not continue
 # the saved run but silently train on other batches. Other settings (max_steps, eval_every,
 # logging, device, decoding) may change on resume.
-BATCH_ORDER_KEYS = ("seed", "train.max_padded_tokens", "train.max_sentences", "train.update_freq")
+BATCH_ORDER_KEYS = ("seed", "train.max_padded_tokens", "train.max_sentences", "train.update_freq", "train.batch_by")
+# batch-order keys added since some runs were saved, with the value those runs trained with
+BATCH_ORDER_BEFORE = {"train.batch_by": "source"}
 DATA_KEYS_FREE_ON_RESUME = ("data.cache_dir", "data.num_proc", "data.length_buckets")
 # Where the corpus lies: checkpoints that record the data's cache key (content-based) compare that
 # instead, so the same corpus copied or moved elsewhere resumes.
@@ -98,7 +100,7 @@ def check_resume_config(saved: dict, current: dict, path: Path, saved_batches: d
     other settings that changed. Keys one side lacks (added to relmt since) are not compared.
     With `saved_batches` and `batches` (batch_source() of the checkpoint and of this run) the data
     is compared by content, and the number of ranks must match."""
-    old, new = flat(saved), flat(current)
+    old, new = {**BATCH_ORDER_BEFORE, **flat(saved)}, flat(current)
     free = ("train.resume", "train.overwrite", "out_dir")
     changed = [k for k in new if k in old and old[k] != new[k] and k not in free]
     data_keys = [k for k in changed if k.startswith("data.") and k not in DATA_KEYS_FREE_ON_RESUME]

@@ -17,7 +17,7 @@ from relmt.config import TrainConfig
 from relmt.data.batching import Batch
 from relmt.errors import UserError
 from relmt.train import distributed
-from relmt.train.loss import label_smoothed_nll
+from relmt.train.loss import label_smoothed_nll, output_nll
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def compile_for_training(net: torch.nn.Module, backend: str | Callable = "induct
 def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, batches: list[Batch], lr: float, label_smoothing: float,
                amp: torch.dtype | None, dist: distributed.Dist, ddp: DistributedDataParallel | None = None,
-               clip_norm: float = 0.0) -> tuple[float, float, float, float, float]:
+               clip_norm: float = 0.0, chunked_loss: bool = False) -> tuple[float, float, float, float, float]:
     """One update: forward and backward over `batches` (micro-batches on the device), then one
     optimizer step at learning rate `lr`, unless the summed loss or the gradient norm is NaN/inf
     (then no step).
@@ -51,6 +51,8 @@ def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.op
     `net` is what runs the forward (model, its DDP wrapper, or a compiled one); `model` owns the
     parameters. Returns (smoothed loss, nll, target tokens, source tokens) summed over ranks, and
     the gradient norm before clipping (NaN when the loss was not finite, so it was not computed).
+    `chunked_loss`: the output layer and the loss a few target tokens at a time (relmt/train/loss.py's
+    output_nll), without the whole logits; else the model's logits and label_smoothed_nll.
     """
     for g in optimizer.param_groups:
         g["lr"] = lr
@@ -58,8 +60,11 @@ def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.op
     for j, batch in enumerate(batches):
         with ddp.no_sync() if ddp is not None and j < len(batches) - 1 else nullcontext():
             with torch.autocast(dist.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                logits = net(batch.src, batch.tgt_in)
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, label_smoothing)
+                out = net(batch.src, batch.tgt_in, project=not chunked_loss)  # states or logits
+            if chunked_loss:
+                loss, nll = output_nll(out, model.tgt_embed.weight, batch.tgt_out, label_smoothing, dtype=amp)
+            else:
+                loss, nll = label_smoothed_nll(out, batch.tgt_out, label_smoothing)
             scaler.scale(loss).backward()
         sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.n_tgt_tokens,
                 sums[3] + batch.n_src_tokens]

@@ -210,9 +210,9 @@ def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list,
     """Every positions mode of one model size on the same batches, timed paired; one row per mode."""
     preset = compose([f"model={size}"]).model
     runs = {}
-    for kind in args.positions:
+    for kind in [(pos, loss) for pos in args.positions for loss in args.loss]:
         torch.manual_seed(1)
-        cfg = ModelConfig(**{**preset.__dict__, "positions": PosKind(kind), "max_relative_position": args.k})
+        cfg = ModelConfig(**{**preset.__dict__, "positions": PosKind(kind[0]), "max_relative_position": args.k})
         model = build_model(cfg, vocab, PAD_ID).to(device).train()
         net = compile_for_training(model) if args.compile else model
         optimizer = build_optimizer(model, TrainConfig())  # the trainer's Adam: fused on CUDA
@@ -220,9 +220,9 @@ def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list,
         runs[kind] = (model, net, optimizer, scaler)
     dist = Dist(0, 1, device)
 
-    def step(kind: str, batch) -> None:
+    def step(kind: tuple[str, str], batch) -> None:
         model, net, optimizer, scaler = runs[kind]
-        train_step(model, net, optimizer, scaler, [batch], 1e-4, 0.1, amp, dist)
+        train_step(model, net, optimizer, scaler, [batch], 1e-4, 0.1, amp, dist, chunked_loss=kind[1] == "chunked")
 
     timed = batches[args.warmup:]
     if shape_warmup:
@@ -252,10 +252,12 @@ def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list,
     rows = []
     for kind, (model, _net, optimizer, scaler) in runs.items():
         with FlopCounterMode(display=False) as counter:
-            train_step(model, model, optimizer, scaler, [median], 1e-4, 0.1, amp, dist)
+            train_step(model, model, optimizer, scaler, [median], 1e-4, 0.1, amp, dist,
+                       chunked_loss=kind[1] == "chunked")
         flops_per_token = counter.get_total_flops() / (median.n_src_tokens + median.n_tgt_tokens)
         tps = (src + tgt) / seconds[kind]
-        rows.append({"system": "relmt", "size": size, "positions": kind, "steps": len(timed),
+        rows.append({"system": "relmt", "size": size, "positions": kind[0], "steps": len(timed),
+                     "loss": kind[1] if len(args.loss) > 1 else None,
                      "step_ms": 1000 * seconds[kind] / len(timed), "tgt_tokens_per_s": tgt / seconds[kind],
                      "src_tgt_tokens_per_s": tps, "flops_per_token": flops_per_token,
                      "mfu": flops_per_token * tps / peak,
@@ -266,16 +268,17 @@ def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list,
 
 
 def make_batches(ids: SplitIds, budget: int, args: argparse.Namespace,
-                 device: torch.device) -> tuple[list, BatchSampler]:
+                 device: torch.device, batch_by: str = "source") -> tuple[list, BatchSampler]:
     """The warm-up and timed batches, on the device: the trainer's first batches of an epoch at `budget`."""
-    sampler = BatchSampler(ids, budget, seed=1)
+    sampler = BatchSampler(ids, budget, seed=1, batch_by=batch_by)
     order = sampler.epoch(0)
     return [collate(ids, order[i % len(order)], args.pad_to_multiple).to(device)
             for i in range(args.warmup + args.steps)], sampler
 
 
 def measure_fitting(size: str, args: argparse.Namespace, ids: SplitIds, vocab: int, batches: list,
-                    device: torch.device, amp: torch.dtype | None, peak: float, shape_warmup: bool) -> list[dict]:
+                    device: torch.device, amp: torch.dtype | None, peak: float, shape_warmup: bool,
+                    batch_by: str = "source") -> list[dict]:
     """measure_size; where the GPU runs out of memory, once more on batches of two thirds the budget (the
     rows say so), else a row naming the error: the other sizes and OpenNMT-py still run."""
     budget = args.max_padded_tokens
@@ -289,7 +292,7 @@ def measure_fitting(size: str, args: argparse.Namespace, ids: SplitIds, vocab: i
     smaller = budget * 2 // 3
     print(f"{size}: CUDA out of memory at {budget} padded tokens a batch; again at {smaller}", flush=True)
     try:
-        rows = measure_size(size, args, vocab, make_batches(ids, smaller, args, device)[0], device, amp, peak,
+        rows = measure_size(size, args, vocab, make_batches(ids, smaller, args, device, batch_by)[0], device, amp, peak,
                             shape_warmup)
         return [r | {"max_padded_tokens": smaller, "note": f"out of memory at {budget}"} for r in rows]
     except torch.cuda.OutOfMemoryError:
@@ -300,8 +303,10 @@ def measure_fitting(size: str, args: argparse.Namespace, ids: SplitIds, vocab: i
 
 def relative_to_abs(rows: list[dict], peak: float) -> list[dict]:
     """Each mode's step time and peak memory over abs's, and its MFU at abs's FLOPs per token."""
-    base = next((r for r in rows if r["positions"] == "abs"), None)
-    for r in rows if base is not None else []:
+    for r in rows:  # abs with the same loss route
+        base = next((b for b in rows if b["positions"] == "abs" and b.get("loss") == r.get("loss")), None)
+        if base is None:
+            continue
         r["over_abs_step_time"] = r["step_ms"] / base["step_ms"]
         r["mfu_abs_flops"] = base["flops_per_token"] * r["src_tgt_tokens_per_s"] / peak
         if r["peak_mib"] is not None:
@@ -353,6 +358,11 @@ def parse_args() -> argparse.Namespace:
                     help="WMT-like: the target tokens a batch should hold on average; sets --max-padded-tokens "
                          "(default 25000, the paper's batch)")
     ap.add_argument("--pad-to-multiple", type=int, default=0, help="as train.pad_to_multiple")
+    ap.add_argument("--loss", nargs="+", choices=["whole", "chunked"], default=["whole"],
+                    help="the output layer and loss: whole logits, or chunked (train.chunked_loss); each a mode of "
+                         "the paired timing")
+    ap.add_argument("--batch-by", nargs="+", choices=["source", "longest"], default=["source"],
+                    help="the batch order (train.batch_by); each its own batches, padding and rows")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--precision", choices=[p.value for p in Precision],
@@ -404,7 +414,8 @@ def main() -> None:
     ids, vocab, described = workload(args)
     if args.max_padded_tokens is None:
         args.max_padded_tokens = budget_for(ids, args.tgt_tokens)
-    batches, sampler = make_batches(ids, args.max_padded_tokens, args, device)
+    orders = {order: make_batches(ids, args.max_padded_tokens, args, device, order) for order in args.batch_by}
+    batches, sampler = orders[args.batch_by[0]]
     timed = batches[args.warmup:]
     per_batch = {"src": statistics.fmean(b.n_src_tokens for b in timed),
                  "tgt": statistics.fmean(b.n_tgt_tokens for b in timed)}
@@ -418,16 +429,20 @@ def main() -> None:
 
     rows = []
     for size in args.sizes:  # each size, then OpenNMT-py at it; the report is rewritten after each part
-        with routes.use_route(args.route):
-            rows += [r | ({"route": args.route} if args.route != "auto" else {})
-                     for r in measure_fitting(size, args, ids, vocab, batches, device, amp, peak, shape_warmup)]
+        for order, (order_batches, order_sampler) in orders.items():  # each order its own batches
+            extra = {"batch_by": order, "padding": order_sampler.padding_fraction()} if len(orders) > 1 else {}
+            with routes.use_route(args.route):
+                rows += [r | extra | ({"route": args.route} if args.route != "auto" else {})
+                         for r in measure_fitting(size, args, ids, vocab, order_batches, device, amp, peak,
+                                                  shape_warmup, order)]
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the GPU to OpenNMT-py's process, or the next size
         for r in [r for r in rows if r["size"] == size and "error" not in r]:
             peak_mib = f", peak {r['peak_mib']:.0f} MiB" if r["peak_mib"] is not None else ""
-            print(f"{size} {r['positions']}: {r['tgt_tokens_per_s']:.0f} tgt tok/s, {r['step_ms']:.0f} ms/step, "
-                  f"MFU {100 * r['mfu']:.1f}%{peak_mib}", flush=True)
+            variant = "".join(f" {r[k]}" for k in ("loss", "batch_by") if r.get(k))
+            print(f"{size} {r['positions']}{variant}: {r['tgt_tokens_per_s']:.0f} tgt tok/s, "
+                  f"{r['step_ms']:.0f} ms/step, MFU {100 * r['mfu']:.1f}%{peak_mib}", flush=True)
         report(args, rows, device, peak, tuned, vocab, sampler, described, per_batch, shape_warmup)
         budget = rows[-1].get("max_padded_tokens", args.max_padded_tokens)  # smaller where relmt's ran out
         for pos in args.onmt if size in (args.onmt_sizes or args.sizes) else []:
@@ -441,7 +456,8 @@ def main() -> None:
 
 def report(args: argparse.Namespace, rows: list[dict], device: torch.device, peak: float, tuned: dict, vocab: int,
            sampler: BatchSampler, described: str, per_batch: dict, shape_warmup: bool) -> None:
-    columns = [("system", "system"), ("size", "model"), ("positions", "positions"), ("route", "route"),
+    columns = [("system", "system"), ("size", "model"), ("positions", "positions"), ("loss", "loss"),
+               ("batch_by", "batch_by"), ("padding", "padding"), ("route", "route"),
                ("tgt_tokens_per_s", "target tok/s"), ("src_tgt_tokens_per_s", "source+target tok/s"),
                ("step_ms", "ms/step"), ("over_abs_step_time", "step time / abs"), ("peak_mib", "peak MiB"),
                ("over_abs_memory", "memory / abs"), ("mfu", "MFU"), ("mfu_abs_flops", "MFU at abs's FLOPs"),
