@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(VENV)/bin/relmt-train
 
-# make test: every test but the exhaustive sweeps and the CUDA ones (under 15 minutes on 2 cores); test-fast
+# make test: every test but the exhaustive ones (sweeps, and the two longest benchmark-script runs) and the CUDA
+# ones (under 15 minutes on 2 cores: docs/results/performance/make_test/timing.json); test-fast
 # also leaves out the slow end-to-end runs; test-exhaustive runs the sweeps alone, test-gpu the tests marked gpu
 # (tests/test_cuda.py and the CUDA cases of the attention routes, labels and compiled training), test-all
 # everything (the CUDA tests skip without a device).

@@ -248,7 +248,7 @@ def test_toy_corpus_writes_the_splits_the_toy_runs_translate(tmp_path):
         assert (tmp_path / f"{split}.tgt").read_text().splitlines() == [t for _, t in pairs]
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # 6 minutes on 2 cores (2026-11-27): outside make test's 15, in make test-exhaustive
 def test_bench_peers_relmt_part_runs_and_forces_the_length(tmp_path):
     """scripts/peers/bench_peers.py with no peers: relmt-train end to end (throughput from its own log),
     relmt's decoding and relmt-export + CTranslate2 at 32 per batch, one at a time and one batch."""
@@ -488,7 +488,7 @@ def test_onednn_memory_trains_each_variant_and_reports_its_memory(tmp_path):
     assert "| MKL (RELMT_CPU_GEMM=mkl) " in md.read_text() and "data.vocab_size=40" in md.read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # 2.5 minutes on 2 cores: make test-exhaustive (the engines' tests cover search_small)
 def test_aoti_small_rows_times_each_search_graph_and_the_switch(tmp_path):
     """scripts/bench/aoti_small_rows.py on a tiny trained checkpoint: engine=aoti decodes at each batch size with
     search.pt2 alone, search_small.pt2 alone and relmt's switch at SMALL_ROWS, all with the same translations."""
