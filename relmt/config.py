@@ -228,6 +228,19 @@ class BatchBy(str, Enum):
     longest = "longest"  # max(source, target + 1): less padding where the two differ (issue 58)
 
 
+class OutputLoss(str, Enum):
+    """train.output_loss: the output layer and the loss over the whole logits, or chunked (issue 58)."""
+
+    auto = "auto"  # chunked at vocabularies of AUTO_CHUNK_VOCAB pieces or more, else whole
+    whole = "whole"
+    chunked = "chunked"
+
+
+# On 2 CPU cores the chunked loss trained 1.16x faster at a 32k vocabulary, with a third of the step's peak
+# memory (docs/results/performance/loss_memory_cpu.md), and 0.95-1.0x at 8k (train_orders_cpu.md)
+AUTO_CHUNK_VOCAB = 16000
+
+
 class Precision(str, Enum):
     auto = "auto"  # bf16 autocast on CUDA, fp32 on CPU
     fp32 = "fp32"
@@ -276,10 +289,10 @@ class TrainConfig:
     freeze: list[str] = field(default_factory=list)
     label_smoothing: float = 0.1  # label smoothing epsilon of the cross-entropy (Shaw §4.1: 0.1)
     clip_norm: float = 0.0  # gradient-norm clipping; 0 = off (tensor2tensor's default)
-    # the output layer and the loss a few thousand target tokens at a time, gradients included, so that the
-    # (tokens x vocabulary) logits never exist whole (relmt/train/loss.py output_nll); the same loss and
-    # gradients up to float rounding
-    chunked_loss: bool = False
+    # how the tied output layer and the loss are computed: whole (the batch's logits at once), chunked (a few
+    # hundred target tokens at a time, gradients included: relmt/train/loss.py output_nll; the same loss and
+    # gradients up to float rounding), or auto: chunked at vocabularies of AUTO_CHUNK_VOCAB pieces or more
+    output_loss: OutputLoss = OutputLoss.auto
     precision: Precision = Precision.auto  # auto | fp32 | bf16 | fp16 (see Precision)
     # torch.compile the model's forward and backward for training, with symbolic sizes: one graph serves
     # every batch shape (relmt/train/step.py, compile_for_training)

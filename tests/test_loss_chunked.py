@@ -141,3 +141,21 @@ def test_f_linear_stays_the_reference(float64):
     loss, _ = label_smoothed_nll(F.linear(h, w), t, 0.1)
     expected = F.cross_entropy(F.linear(h, w), t, ignore_index=PAD_ID, label_smoothing=0.1, reduction="sum")
     torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.parametrize("setting,expected", [("auto", "whole logits"), ("chunked", "chunked")])
+def test_the_trainer_picks_the_route_by_setting_and_vocabulary(tmp_path, caplog, setting, expected):
+    """auto chunks at vocabularies of AUTO_CHUNK_VOCAB pieces or more: the toy vocabulary is far below."""
+    import logging
+
+    from relmt.config import compose
+    from relmt.train.loop import train
+
+    cfg = compose(["model=tiny", "train=debug", "train.max_steps=2", "train.valid_bleu=false", "train.eval_every=2",
+                   f"train.output_loss={setting}", f"data.cache_dir={tmp_path / 'cache'}", "data.toy.n_train=200",
+                   "data.toy.n_valid=5", "data.toy.n_test=5", "data.toy.n_test_long=5"])
+    cfg.out_dir = str(tmp_path / "run")
+    with caplog.at_level(logging.INFO):
+        metrics = train(cfg)
+    assert f"the output layer and loss: {expected} (train.output_loss={setting}" in caplog.text
+    assert metrics["status"] == "completed"

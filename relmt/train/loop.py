@@ -36,7 +36,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from relmt import checkpoint, runtime
-from relmt.config import Config, TrainConfig, to_dict
+from relmt.config import AUTO_CHUNK_VOCAB, Config, OutputLoss, TrainConfig, to_dict
 from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import Corpus, prepare
 from relmt.data.tokenizer import PAD_ID
@@ -239,11 +239,15 @@ def train(cfg: Config) -> dict:
     tokenizer, train_ids = corpus.tokenizer, corpus.ids("train")
     sampler = BatchSampler(train_ids, tcfg.max_padded_tokens, cfg.seed, True, dist.rank, dist.world_size,
                            tcfg.max_sentences, tcfg.batch_by.value)
+    chunked = tcfg.output_loss == OutputLoss.chunked or (tcfg.output_loss == OutputLoss.auto
+                                                          and tokenizer.vocab_size >= AUTO_CHUNK_VOCAB)
     if not sampler.epoch(0):
         raise UserError(f"data '{cfg.data.name}': no training batches (is the train split empty?)")
     log.info("train: %d pairs, %d batches per epoch per rank, padding %.1f%%; effective batch = "
              "%d ranks x %d padded tokens x update_freq %d", len(train_ids), len(sampler.epoch(0)),
              100 * sampler.padding_fraction(), dist.world_size, tcfg.max_padded_tokens, tcfg.update_freq)
+    log.info("the output layer and loss: %s (train.output_loss=%s, a vocabulary of %d)",
+             "chunked" if chunked else "whole logits", tcfg.output_loss.value, tokenizer.vocab_size)
 
     model = build_model(cfg.model, tokenizer.vocab_size, PAD_ID).to(dist.device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -293,7 +297,7 @@ def train(cfg: Config) -> dict:
                      for index in batches[state.batch: state.batch + tcfg.update_freq]]
             loss_sum, nll_sum, n_tgt, n_src, grad_norm = train_step(
                 model, net, optimizer, scaler, group, lr, tcfg.label_smoothing, amp, dist, ddp, tcfg.clip_norm,
-                tcfg.chunked_loss)
+                chunked)
             fp16_scale = scaler.get_scale() if scaler.is_enabled() else None
             state.bad_in_row, skipped = count_skipped(loss_sum, grad_norm, fp16_scale, state.bad_in_row,
                                                       state.step + 1, lr, tcfg, last)

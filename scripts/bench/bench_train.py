@@ -359,7 +359,7 @@ def parse_args() -> argparse.Namespace:
                          "(default 25000, the paper's batch)")
     ap.add_argument("--pad-to-multiple", type=int, default=0, help="as train.pad_to_multiple")
     ap.add_argument("--loss", nargs="+", choices=["whole", "chunked"], default=["whole"],
-                    help="the output layer and loss: whole logits, or chunked (train.chunked_loss); each a mode of "
+                    help="the output layer and loss: whole logits, or chunked (train.output_loss); each a mode of "
                          "the paired timing")
     ap.add_argument("--batch-by", nargs="+", choices=["source", "longest"], default=["source"],
                     help="the batch order (train.batch_by); each its own batches, padding and rows")

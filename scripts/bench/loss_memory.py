@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The output layer and loss with the whole logits or chunked (train.chunked_loss; issue 58): peak memory of a
+"""The output layer and loss with the whole logits or chunked (train.output_loss; issue 58): peak memory of a
 training step and target tokens/s, each in a process of its own.
 
 On the CPU no allocator counts tensors, so each variant trains in a fresh process and its peak is the process's
@@ -161,7 +161,7 @@ def main() -> None:
     if args.md:
         s = summary[0]
         Path(args.md).write_text(
-            "# The output layer and loss: whole logits or chunked (train.chunked_loss)\n\n"
+            "# The output layer and loss: whole logits or chunked (train.output_loss)\n\n"
             f"`{command_line()}`\n\n{hw['date']}; {hw['cpu']}, {hw['cpu_count']} cores; torch {hw['torch']}; "
             f"device {args.device}.\n\n"
             f"Model `{args.size}`, positions {args.positions}, a {s['vocab']}-piece vocabulary, batches of at most "
