@@ -20,6 +20,9 @@
 #            beside train43's eager figures (its Markdown goes into extra.tgz); box 300 s
 #   suite    the whole suite but the slow end-to-end runs (make test-fast), -v, device auto (CUDA, bf16): a call
 #            of its own (GPU.md), e.g. PHASES=suite TOTAL=420; box SUITE_TIMEOUT or the rest of TOTAL
+#   issue58  issue 58: route_convergence.py (flex vs reference from one initialisation, 300 bf16 updates, and
+#            flex twice: determinism), loss_memory.py --largest (big rel, whole vs chunked loss) and bench_train
+#            with --loss whole chunked --batch-by source longest; boxes 150 s each
 #   m30k     the Multi30k recipe abs, rel and both on the GPU, in the background beside the phases above
 #            (issue 31; needs data/multi30k), stopped at 400 s
 # Carry (the run tool's carry list; ignored paths that must travel with the checkout, about 25 MB together):
@@ -136,6 +139,25 @@ if want compiled; then
     --device cuda --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --compile \
     --out "$OUT/train43c.json" --md "$EXTRA/train43c.md" >> "$OUT/log.txt" 2>&1
   log "compiled exit $?"
+fi
+
+# --- issue58: convergence and determinism through flex, the chunked loss's batch, batch orders -----------------
+if want issue58; then
+  t=$(box 150); log "route_convergence base rel flex vs reference, 300 bf16 updates, box ${t}s"
+  timeout "$t" python3 scripts/bench/route_convergence.py --data "$WMT" --device cuda --size base --positions rel \
+    --routes flex reference --updates "${CONV_UPDATES:-300}" --out "$OUT/route_convergence.json" \
+    --md "$OUT/route_convergence.md" >> "$OUT/log.txt" 2>&1
+  log "route_convergence exit $?"
+  t=$(box 150); log "loss_memory big rel, whole vs chunked, largest batch, box ${t}s"
+  timeout "$t" python3 scripts/bench/loss_memory.py --data "$WMT" --device cuda --size big --positions rel \
+    --tgt-tokens 25000 --steps 3 --warmup 1 --repeats 1 --largest --out "$OUT/loss_memory_gpu.json" \
+    --md "$OUT/loss_memory_gpu.md" >> "$OUT/log.txt" 2>&1
+  log "loss_memory exit $?"
+  t=$(box 150); log "bench_train base rel, loss whole/chunked x batch_by source/longest, box ${t}s"
+  timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base --positions abs rel --precision bf16 \
+    --device cuda --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --loss whole chunked \
+    --batch-by source longest --out "$OUT/train_orders_gpu.json" --md "$OUT/train_orders_gpu.md" >> "$OUT/log.txt" 2>&1
+  log "train_orders exit $?"
 fi
 
 # --- suite: the rest of the suite on CUDA, -v so that a cut-off run still names its failures -----------
