@@ -173,6 +173,46 @@ def paired_bootstrap(baseline_hyps: list[str], system_hyps: list[str], refs: lis
             "signature": f"{scorer.get_signature()}|paired-bootstrap:{n_samples}|seed:{seed}"}
 
 
+def multi_seed_bootstrap(baseline_runs: list[list[str]], system_runs: list[list[str]], refs: list[str],
+                         n_samples: int = 1000, seed: int = 12345, alpha: float = 0.05) -> dict:
+    """Is `system` better or worse than `baseline` when each was trained with several seeds? The statistic is
+    the difference of the systems' mean sacreBLEU over their seeds; its bootstrap distribution counts both
+    sources of variance that a comparison of trained systems has (Clark et al. 2011, "Better Hypothesis
+    Testing for Statistical Machine Translation: Controlling for Optimizer Instability"): each of `n_samples`
+    resamples draws the test sentences with replacement, one draw shared by every run (paired, as in
+    `paired_bootstrap`), and, for each system on its own, its seeds with replacement. The interval and the
+    two-sided p come from one count of the resampled differences (`percentile_test`), as the per-pair test's.
+
+    baseline_runs, system_runs: one list of hypotheses per seed, each line-aligned with `refs`; the systems
+    need not have as many seeds, nor the same ones. Returns both means, their difference, the (1 − alpha)
+    interval, p, and the seeds counted."""
+    runs = [*baseline_runs, *system_runs]
+    if not baseline_runs or not system_runs:
+        raise ValueError("each system needs at least one seed's hypotheses")
+    if not refs or any(len(h) != len(refs) for h in runs):
+        raise ValueError(f"every run needs one hypothesis per reference ({len(refs)}), got "
+                         f"{[len(h) for h in runs]}")
+    scorer, n_base = BLEU(), len(baseline_runs)
+    stats = np.stack([np.array(scorer._extract_corpus_statistics(h, [refs]), dtype=np.int64) for h in runs])
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(len(refs), np.full(len(refs), 1 / len(refs)), size=n_samples)  # (B, N)
+
+    def bleu(sums: np.ndarray) -> float:
+        return scorer._compute_score_from_stats(sums.tolist()).score
+
+    observed = np.array([bleu(s.sum(0)) for s in stats])  # (R,) each run's BLEU on the test set
+    resampled = np.array([[bleu(row) for row in counts @ s] for s in stats]).T  # (B, R)
+    seeds_b = rng.integers(0, n_base, size=(n_samples, n_base))  # each system's seeds, drawn with replacement
+    seeds_s = n_base + rng.integers(0, len(system_runs), size=(n_samples, len(system_runs)))
+    means = [np.take_along_axis(resampled, drawn, 1).mean(1) for drawn in (seeds_b, seeds_s)]  # (B,) each
+    diffs = np.sort(means[1] - means[0])
+    p_value, low, high = percentile_test(diffs, alpha)
+    base_mean, system_mean = float(observed[:n_base].mean()), float(observed[n_base:].mean())
+    return {"baseline": base_mean, "system": system_mean, "difference": system_mean - base_mean, "low": low,
+            "high": high, "alpha": alpha, "p_value": p_value, "n_samples": n_samples, "seed": seed,
+            "seeds": (n_base, len(system_runs)), "runs": observed.tolist()}
+
+
 def score(hyps: list[str], refs: list[str], srcs: list[str] | None = None, lang: str = "en",
           buckets: tuple[int, ...] = DEFAULT_BUCKETS, names: tuple[str, str, str] = ("hyp", "ref", "src")) -> dict:
     """Every figure above but the paired test as one JSON-able dict. `names` name the inputs in
