@@ -61,7 +61,7 @@ from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import SplitIds, prepare
 from relmt.data.tokenizer import PAD_ID, Tokenizer
 from relmt.model import routes
-from relmt.model.linear import bound_onednn_caches
+from relmt.model.linear import bound_onednn_caches, use_cpu_gemm
 from relmt.model.transformer import build_model
 from relmt.runtime import autocast_dtype, resolve_device, tune_cpu
 from relmt.train.distributed import Dist
@@ -251,7 +251,9 @@ def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list,
     median = sorted(timed, key=lambda b: b.n_src_tokens + b.n_tgt_tokens)[len(timed) // 2]
     rows = []
     for kind, (model, _net, optimizer, scaler) in runs.items():
-        with FlopCounterMode(display=False) as counter:
+        # FlopCounterMode has no formula for oneDNN's linear products (CPU float32 training: relmt/model/linear.py),
+        # which it counted as 0 FLOPs: count the same step through torch's own (the same arithmetic)
+        with use_cpu_gemm("mkl"), FlopCounterMode(display=False) as counter:
             train_step(model, model, optimizer, scaler, [median], 1e-4, 0.1, amp, dist,
                        chunked_loss=kind[1] == "chunked")
         flops_per_token = counter.get_total_flops() / (median.n_src_tokens + median.n_tgt_tokens)
