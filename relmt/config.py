@@ -237,7 +237,7 @@ class OutputLoss(str, Enum):
 
 
 # On 2 CPU cores the chunked loss trained 1.16x faster at a 32k vocabulary, with a third of the step's peak
-# memory (docs/results/performance/loss_memory_cpu.md), and 0.95-1.0x at 8k (train_orders_cpu.md)
+# memory (docs/results/performance/loss_memory_cpu.md), and 0.94-1.0x at 8k (train_orders_cpu.md)
 AUTO_CHUNK_VOCAB = 16000
 
 
