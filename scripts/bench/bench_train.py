@@ -44,6 +44,7 @@ import argparse
 import gc
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -156,12 +157,17 @@ def workload(args: argparse.Namespace) -> tuple[SplitIds, int, str]:
                           spm_model_type=SpmModel(args.spm_model_type), max_length_ratio=0, cache_dir=args.cache_dir)
         corpus = prepare(data)
         ids, vocab = corpus.ids("train"), corpus.tokenizer.vocab_size
-        return ids, vocab, f"{text_dir} ({len(ids)} pairs, {args.spm_model_type} vocabulary of {vocab})"
+        return ids, vocab, f"{shown(text_dir)} ({len(ids)} pairs, {args.spm_model_type} vocabulary of {vocab})"
     folder = prepare_wmt_like(args.shared_data, args.data, args.vocab_size, Path(args.cache_dir))
     ids, vocab, meta = load_wmt_like(folder)
-    return ids, vocab, (f"WMT-like, real en-de text from {args.shared_data}: {' + '.join(meta['sources'])} "
+    return ids, vocab, (f"WMT-like, real en-de text from {shown(args.shared_data)}: {' + '.join(meta['sources'])} "
                         f"({meta['pairs']} pairs after relmt-prepare's filters, BPE vocabulary of {vocab}; "
-                        f"prepared in {folder})")
+                        f"prepared in {shown(folder)})")
+
+
+def shown(path: str | Path) -> str:
+    """A path as a committed page names it: relative to the checkout, not this machine's absolute one."""
+    return os.path.relpath(path, ROOT) if Path(path).is_absolute() else str(path)
 
 
 # --- measuring -------------------------------------------------------------------------------------
@@ -468,7 +474,7 @@ def report(args: argparse.Namespace, rows: list[dict], device: torch.device, pea
     table = markdown_table(rows, columns)
     hw = hardware(device)
     print("\n" + table, flush=True)
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    settings = {k: shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     payload = {"command": command_line(), "hardware": hw, "settings": settings, "rows": rows, "workload": described,
                "peak_flops": peak, "cpu_tuning": tuned, "vocab_size": vocab, "mean_tokens_per_batch": per_batch,
                "padding_fraction": sampler.padding_fraction()}
