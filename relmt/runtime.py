@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import sys
 
 import torch
@@ -59,11 +60,9 @@ def tune_cpu() -> dict[str, bool]:
 def warn_if_busy(device: torch.device, load: float | None = None) -> bool:
     """Warn when other processes already hold the cores that CPU training's threads would use: libgomp's
     threads spin while they wait for each other (unless OMP_WAIT_POLICY=PASSIVE), and against another job's
-    threads a step ran 2-5x slower than with one thread (docs/results/performance/busy_cpu.md). `load`: the
+    threads a step ran 1.9-3.4x slower than with one thread (docs/results/performance/busy_cpu.md). `load`: the
     one-minute load average (default: the system's), read before this process starts working. Returns
     whether it warned."""
-    import os
-
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads < 2 or os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive":
         return False

@@ -35,24 +35,16 @@ from bench_threads import ROOT, train_jobs  # noqa: E402
 
 from relmt.bench import command_line, hardware, markdown_table, write_json  # noqa: E402
 
-SPIN = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default wait, named (relmt's own default leaves a set one alone)
-PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
-SHORT = {"GOMP_SPINCOUNT": "10000"}  # about 0.1 ms of spinning (libgomp counts 100,000 spins a millisecond)
-# (machine, setting, threads of the timed job, jobs side by side with those threads, spinners, environment)
-ARRANGEMENTS = [
-    ("quiet", "default threads, spin (libgomp)", 0, 1, 0, SPIN),
-    ("quiet", "default threads, passive", 0, 1, 0, PASSIVE),
-    ("quiet", "default threads, short spin", 0, 1, 0, SHORT),
-    ("quiet", "num_threads=1", 1, 1, 0, SPIN),
-    ("two jobs", "default threads, spin (libgomp)", 0, 2, 0, SPIN),
-    ("two jobs", "default threads, passive", 0, 2, 0, PASSIVE),
-    ("two jobs", "default threads, short spin", 0, 2, 0, SHORT),
-    ("two jobs", "num_threads=1", 1, 2, 0, SPIN),
-    ("a spinner", "default threads, spin (libgomp)", 0, 1, 1, SPIN),
-    ("a spinner", "default threads, passive", 0, 1, 1, PASSIVE),
-    ("a spinner", "default threads, short spin", 0, 1, 1, SHORT),
-    ("a spinner", "num_threads=1", 1, 1, 1, SPIN),
-]
+# (setting, threads of the timed job (0: torch's default), environment)
+SETTINGS = [("default threads, spin (libgomp)", 0, {"GOMP_SPINCOUNT": "300000"}),  # libgomp's default wait, named
+            ("default threads, passive", 0, {"OMP_WAIT_POLICY": "PASSIVE"}),
+            # about 0.1 ms of spinning (libgomp counts 100,000 spins a millisecond)
+            ("default threads, short spin", 0, {"GOMP_SPINCOUNT": "10000"}),
+            ("num_threads=1", 1, {"GOMP_SPINCOUNT": "300000"})]
+# (machine, jobs side by side with the timed job's settings, pure-Python spinners beside them)
+MACHINES = [("quiet", 1, 0), ("two jobs", 2, 0), ("a spinner", 1, 1)]
+ARRANGEMENTS = [(machine, setting, threads, jobs, spinners, env)
+                for machine, jobs, spinners in MACHINES for setting, threads, env in SETTINGS]
 
 
 def main() -> None:
