@@ -3,6 +3,9 @@ docs/results/reproduction/multi30k_anchor.md states them, and scripts/reproduce/
  batches as fairseq does."""
 
 import json
+import re
+
+import pytest
 
 from relmt.config import LrSchedule, Norm, PosKind, compose
 from tests.scripts_import import load_script
@@ -100,7 +103,13 @@ def test_the_anchor_page_gives_the_means_over_seeds_and_rel_against_abs_seed_by_
     text, doc = page.read_text(), json.loads(page.with_suffix(".json").read_text())
     assert [(m["positions"], m["seeds"], m["mean_wu"], m["range_wu"], m["goal_met"]) for m in doc["means"]] == [
         ("abs", [1, 2], 40.5, 1.0, False), ("rel", [1, 2], 42.5, 1.0, True)]
-    assert "| abs | 1, 2 | 40.50 | -0.52 |" in text and "| rel | 1, 2 | 42.50 | +1.48 |" in text  # vs 41.02
-    pairs = doc["rel_against_abs"]
-    assert [p["seed"] for p in pairs] == [1, 2] and all(p["system"] > 99.9 and p["low"] > 0 for p in pairs)
-    assert "**rel ≥ abs: held** (abs ≥ rel: did not hold), from 2 seed pairs" in text
+    # the mean from metrics.json, its interval over sentences and seeds from the translations (rel's are the refs)
+    assert re.search(r"\| abs \| 1, 2 \| 40\.50 \| \d+\.\d\d–\d+\.\d\d \| -0\.52 \|", text)
+    assert "| rel | 1, 2 | 42.50 | 100.00–100.00 | +1.48 |" in text  # vs 41.02
+    tested = doc["rel_against_abs"]
+    assert [p["seed"] for p in tested["pairs"]] == [1, 2]
+    assert all(p["system"] > 99.9 and p["low"] > 0 for p in [*tested["pairs"], tested["all_seeds"]])
+    assert tested["all_seeds"]["seeds"] == [2, 2]
+    assert tested["wu_metric"]["intervals"]["system"] == pytest.approx([100.0, 100.0])
+    assert "which decides: **rel ≥ abs: held** (abs ≥ rel: did not hold)" in text
+    assert "2 of 2 seed pairs significant" in text and "| all | " in text

@@ -67,14 +67,15 @@ def test_length_report_marks_unseen_buckets_tests_them_and_plots(tmp_path, refs)
     assert "\n\nSignatures: sacreBLEU `nrefs:1|case:mixed|tok:13a`.\n\n" in md  # the runs' metrics.json
     # sources have as many words as the reference without its final "."
     longer = [i for i, r in enumerate(texts["test"]) if len(r.split()) - 1 > 15]
-    assert f"Paired bootstrap on the {len(longer)} test sentences longer than training" in md
+    assert f"Paired tests on the {len(longer)} test sentences longer than training" in md
     abs1 = hypotheses("test", "abs", 1, texts["test"])
     abs1_bleu = BLEU().corpus_score([abs1[i] for i in longer], [[texts["test"][i] for i in longer]]).score
     expected = f"| rel vs abs | 1 | {abs1_bleu:.2f} | 100.00 | {100 - abs1_bleu:+.2f} | [+"
     assert row(md, "rel vs abs | 1").startswith(expected) and row(md, "rel vs abs | 1").endswith("] | 0.000 |")
+    assert row(md, "rel vs abs | all (2 + 2)").endswith("] | 0.000 |")  # the test over all seeds, which decides
     assert "- **rel ≥ abs on sentences longer than any in training** (BLEU by length, multi30k_len15, mmt_tiny " \
            "model): held." in md
-    assert f"rel − abs per seed pair with its 95% interval: seed 1 {100 - abs1_bleu:+.2f} [+" in md
+    assert "rel − abs over all seeds (2 + 2) +" in md and f"seed 1 {100 - abs1_bleu:+.2f} [+" in md
     doc = json.loads((out / "length.json").read_text())
     (item,) = doc["length"]
     assert (item["train_max_words"], item["claims"][0]["verdict"]) == (15, "held")
@@ -145,7 +146,7 @@ def test_refs_per_data_set(tmp_path, refs):
                      "--refs", f"multi30k_text={folder}", "--bootstrap-samples", "100"])
     m30k = md[md.index("## multi30k_text"):md.index("## Claim")]
     europarl = md[md.index("## europarl20k_split"):md.index("## multi30k_text")]
-    assert "(trained on sources of at most 14 words: the runs' config)" in m30k and "Paired bootstrap on the" in m30k
+    assert "(trained on sources of at most 14 words: the runs' config)" in m30k and "Paired tests on the" in m30k
     assert ("No paired test: no `--refs` folder for data set europarl20k_split (give `--refs "
             "europarl20k_split=DIR` or a plain `--refs DIR`).") in europarl
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--name", "length",

@@ -115,10 +115,13 @@ def test_table2_k_rows_and_table3_borrows_k0_for_no_no(multi30k):
 
 def test_significance_seed_by_seed_with_counts(multi30k):
     md, _, _, _, refs = multi30k
-    sig = section(md, "### Significance: paired bootstrap, seed by seed")
+    sig = section(md, "### Significance: all seeds at once, and seed by seed")
     detail, summary = sig.split("| comparison | test set | seed pairs |")
-    assert len(re.findall(r"^\| (rel vs abs|both vs rel) \| ", detail, flags=re.M)) == 2 * 3 * 3
-    # two comparisons, three test sets, three seed pairs
+    assert len(re.findall(r"^\| (rel vs abs|both vs rel) \| ", detail, flags=re.M)) == 2 * 3 * (1 + 3)
+    # two comparisons, three test sets, the test over all seeds and three seed pairs
+    assert row(detail, "rel vs abs | test | all (3 + 3)").startswith("| rel vs abs | test | all (3 + 3) | ")
+    assert row(detail, "both vs rel | test | all (3 + 3)") == (
+        "| both vs rel | test | all (3 + 3) | 100.00 | 100.00 | +0.00 | [+0.00, +0.00] | 1.000 |")
     # seed 2 on test: rel equals the references, abs does not
     abs2 = bleu(hypotheses("test", "abs", 2, refs["test"]), refs["test"])
     assert row(detail, "rel vs abs | test | 2").startswith(
@@ -157,8 +160,9 @@ def test_claim_verdicts_reach_every_verdict(multi30k):
     claims = section(md, "## Claims")
     assert ("- **rel ≥ abs** (Table 1): not significant. Criterion: rel − abs on test_2017_flickr above 0 (the 95% "
             "interval excludes 0 on rel's side).") in claims
-    assert "rel − abs per seed pair with its 95% interval: seed 1 +94.81 [+" in claims
-    assert "within a margin of ±1 BLEU" in claims and "**not tested**: no seed pair could be tested" in claims
+    assert ("Tests: rel − abs over all seeds (3 + 3) +1.90 [-4.07, +7.47] p = 0.510, per seed pair (decides nothing; "
+            "0 of 3 significant): seed 1 +0.55 [+") in claims
+    assert "within a margin of ±1 BLEU" in claims and "**not tested**: no run could be tested" in claims
     assert ("Criterion: BLEU(a^K yes, a^V yes) − BLEU(a^K no, a^V yes) on test above 0 and below 2.") in claims
     # the paper's finding is stated once per claim, as a difference, not as a number to compare with
     assert claims.count("Paper: rel − abs = +0.3 BLEU (base) and +1.3 (big)") == 1

@@ -17,6 +17,7 @@ The figures, each labelled:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
@@ -57,6 +58,18 @@ def chrf_score(hyps: list[str], refs: list[str]) -> dict:
     return {"score": chrf.corpus_score(hyps, [refs]).score, "signature": str(chrf.get_signature())}
 
 
+def moses_prep(lang: str, compound_split: bool = True, lowercase: bool = False) -> Callable[[str], str]:
+    """One line as `tokenized_bleu` scores it: Moses tokens, compounds split, lowercased, as asked; score the
+    prepared lines with BLEU(tokenize="none", force=True)."""
+    moses = MosesTokenizer(lang=moses_lang(lang))
+
+    def prep(s: str) -> str:
+        s = moses.tokenize(s, return_str=True, escape=False)
+        s = split_compounds(s) if compound_split else s
+        return s.lower() if lowercase else s
+    return prep
+
+
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: bool = True,
                    lowercase: bool = False, n_bootstrap: int = 1) -> dict:
     """BLEU on Moses tokens (`tokenize='none'`), as papers computed it before sacreBLEU.
@@ -69,13 +82,7 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: 
     prints it, "μ = mean ± ci": the resamples' mean and the half-width of their 2.5-97.5 percentile
     range (its resampling seed is sacreBLEU's fixed default)."""
     lang = moses_lang(lang)
-    moses = MosesTokenizer(lang=lang)
-
-    def prep(s: str) -> str:
-        s = moses.tokenize(s, return_str=True, escape=False)
-        s = split_compounds(s) if compound_split else s
-        return s.lower() if lowercase else s
-
+    prep = moses_prep(lang, compound_split, lowercase)
     # force: the input is tokenized on purpose, so sacreBLEU's "forgot to detokenize?" warning (on 100
     # lines ending in " .", i.e. on every real test set here) does not apply; the signature is the same.
     bleu = BLEU(tokenize="none", force=True)
@@ -174,7 +181,8 @@ def paired_bootstrap(baseline_hyps: list[str], system_hyps: list[str], refs: lis
 
 
 def multi_seed_bootstrap(baseline_runs: list[list[str]], system_runs: list[list[str]], refs: list[str],
-                         n_samples: int = 1000, seed: int = 12345, alpha: float = 0.05) -> dict:
+                         n_samples: int = 1000, seed: int = 12345, alpha: float = 0.05, scorer: BLEU | None = None
+                         ) -> dict:
     """Is `system` better or worse than `baseline` when each was trained with several seeds? The statistic is
     the difference of the systems' mean sacreBLEU over their seeds; its bootstrap distribution counts both
     sources of variance that a comparison of trained systems has (Clark et al. 2011, "Better Hypothesis
@@ -184,15 +192,16 @@ def multi_seed_bootstrap(baseline_runs: list[list[str]], system_runs: list[list[
     two-sided p come from one count of the resampled differences (`percentile_test`), as the per-pair test's.
 
     baseline_runs, system_runs: one list of hypotheses per seed, each line-aligned with `refs`; the systems
-    need not have as many seeds, nor the same ones. Returns both means, their difference, the (1 − alpha)
-    interval, p, and the seeds counted."""
+    need not have as many seeds, nor the same ones. scorer: sacreBLEU's BLEU() unless given (BLEU(tokenize="none",
+    force=True) on `moses_prep`'d lines scores as `tokenized_bleu`). Returns both means, their difference, the
+    (1 − alpha) interval, p, each mean's own (1 − alpha) percentile interval ("intervals"), and the seeds counted."""
     runs = [*baseline_runs, *system_runs]
     if not baseline_runs or not system_runs:
         raise ValueError("each system needs at least one seed's hypotheses")
     if not refs or any(len(h) != len(refs) for h in runs):
         raise ValueError(f"every run needs one hypothesis per reference ({len(refs)}), got "
                          f"{[len(h) for h in runs]}")
-    scorer, n_base = BLEU(), len(baseline_runs)
+    scorer, n_base = scorer or BLEU(), len(baseline_runs)
     stats = np.stack([np.array(scorer._extract_corpus_statistics(h, [refs]), dtype=np.int64) for h in runs])
     rng = np.random.default_rng(seed)
     counts = rng.multinomial(len(refs), np.full(len(refs), 1 / len(refs)), size=n_samples)  # (B, N)
@@ -208,9 +217,11 @@ def multi_seed_bootstrap(baseline_runs: list[list[str]], system_runs: list[list[
     diffs = np.sort(means[1] - means[0])
     p_value, low, high = percentile_test(diffs, alpha)
     base_mean, system_mean = float(observed[:n_base].mean()), float(observed[n_base:].mean())
+    intervals = {side: np.quantile(m, [alpha / 2, 1 - alpha / 2]).tolist() for side, m in zip(("baseline", "system"),
+                                                                                               means)}
     return {"baseline": base_mean, "system": system_mean, "difference": system_mean - base_mean, "low": low,
             "high": high, "alpha": alpha, "p_value": p_value, "n_samples": n_samples, "seed": seed,
-            "seeds": (n_base, len(system_runs)), "runs": observed.tolist()}
+            "seeds": (n_base, len(system_runs)), "runs": observed.tolist(), "intervals": intervals}
 
 
 def score(hyps: list[str], refs: list[str], srcs: list[str] | None = None, lang: str = "en",

@@ -58,8 +58,9 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def pair_cells(t) -> list[str]:
-    """One seed pair's row (relmt.report.significance.PairTest) under PAIR_HEADER."""
-    return [str(t.seed), f"{t.baseline:.2f}", f"{t.system:.2f}", f"{t.difference:+.2f}",
+    """One seed pair's row (relmt.report.significance.PairTest) under PAIR_HEADER, or the test over all seeds'."""
+    seed = str(t.seed) if t.seed is not None else f"all ({t.seeds[0]} + {t.seeds[1]})"
+    return [seed, f"{t.baseline:.2f}", f"{t.system:.2f}", f"{t.difference:+.2f}",
             f"[{t.low:+.2f}, {t.high:+.2f}]", f"{t.p_value:.3f}"]
 
 

@@ -1,6 +1,6 @@
 """The paper's claims, each judged by the rules of relmt.report.verdicts on a group's paired tests. A claim
-shows the means over seeds it is about; its verdict comes from the seed pairs' intervals alone, so without a
-paired test it is "not tested", whatever the means say."""
+shows the means over seeds it is about; its verdict comes from the interval of the test over all seeds alone, so
+without a paired test it is "not tested", whatever the means say."""
 
 import math
 from dataclasses import dataclass, field
@@ -22,7 +22,7 @@ class Claim:
     measured: dict[str, float]
     verdict: str
     split: str | None = None
-    test: str | None = None  # the seed pairs' differences, intervals and p, in words
+    test: str | None = None  # the tests' differences, intervals and p, in words
     paper: str | None = None  # what the paper found, for data sets it has no numbers for
     held: bool = field(init=False)
 
@@ -38,12 +38,15 @@ def mean_of(table: dict | None, split: str, **match: Any) -> float | None:
 
 def judged(name: str, table: str, split: str | None, measured: dict[str, float], criterion: str,
            tests: list[tuple[Comparison | None, Rule]], note: str | None) -> Claim:
-    """The claim with its verdict: each comparison judged by its rule, then combined; its seed pairs in words."""
-    pairs = [f"{c.system} − {c.baseline} per seed pair with its 95% interval: " + ", ".join(
-        f"seed {t.seed} {t.difference:+.2f} [{t.low:+.2f}, {t.high:+.2f}] p = {t.p_value:.3f}" for t in c.tests)
-        for c, _ in tests if c and c.tests]
-    return Claim(name, table, criterion, measured, combine([verdict(c.tests if c else [], r) for c, r in tests]),
-                 split, "; ".join(pairs) or None, note)
+    """The claim with its verdict: each comparison judged by its rule on its test over all seeds, then combined;
+    that test and the seed pairs beside it in words."""
+    said = [f"{c.system} − {c.baseline} over all seeds ({c.overall.seeds[0]} + {c.overall.seeds[1]}) "
+            f"{c.overall.difference:+.2f} [{c.overall.low:+.2f}, {c.overall.high:+.2f}] p = {c.overall.p_value:.3f}"
+            + (f", per seed pair (decides nothing; {c.significant()} of {len(c.tests)} significant): " + ", ".join(
+                f"seed {t.seed} {t.difference:+.2f} [{t.low:+.2f}, {t.high:+.2f}] p = {t.p_value:.3f}"
+                for t in c.tests) if c.tests else "") for c, _ in tests if c and c.overall]
+    return Claim(name, table, criterion, measured, combine([verdict(c.overall if c else None, r) for c, r in tests]),
+                 split, "; ".join(said) or None, note)
 
 
 def check(group: Group, split: str, name: str, table: str, rows: dict[str, float | None], criterion: str,
@@ -61,7 +64,7 @@ def check(group: Group, split: str, name: str, table: str, rows: dict[str, float
 
 def ahead(group: Group, split: str, name: str, table: str, note: str | None, system: str = "rel",
           baseline: str = "abs", how: str = "(the 95% interval excludes 0 on rel's side)") -> Claim | None:
-    """system ≥ baseline (Table 1's rel against abs, or a later method's): significantly ahead on most seed pairs."""
+    """system ≥ baseline (Table 1's rel against abs, or a later method's): significantly ahead over all seeds."""
     means = {p: mean_of(group.tables["positions"], split, positions=p) for p in (system, baseline)}
     return check(group, split, name, table, means, f"{system} − {baseline} on {split} above 0 {how}",
                  [(baseline, system, AHEAD)], note)

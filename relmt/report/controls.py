@@ -121,9 +121,11 @@ def difference(a: Stat | None, b: Stat | None) -> str:
 
 
 def md_tests(tests: list[Comparison]) -> str:
-    """'test: 2 of 3 seed pairs significant (2 ahead, 0 behind)' per split, or why none was tested."""
-    return "; ".join(f"{c.split}: {c.significant()} of {plural(len(c.tests), 'seed pair')} significant "
-                     f"({c.significant(+1)} ahead, {c.significant(-1)} behind)" if c.tests else
+    """'test: all seeds (3 + 3) +0.52 [-0.10, +1.13] p = 0.094; 2 of 3 seed pairs significant (2 ahead, 0 behind)'
+    per split, or why none was tested."""
+    return "; ".join(f"{c.split}: all seeds ({t.seeds[0]} + {t.seeds[1]}) {t.difference:+.2f} [{t.low:+.2f}, "
+                     f"{t.high:+.2f}] p = {t.p_value:.3f}; {c.significant()} of {plural(len(c.tests), 'seed pair')} "
+                     f"significant ({c.significant(+1)} ahead, {c.significant(-1)} behind)" if (t := c.overall) else
                      f"{c.split}: not tested ({'; '.join(c.missing) or 'no seed in common'})" for c in tests)
 
 
@@ -136,8 +138,8 @@ def md_controls(table: dict | None) -> str | None:
              f"{table['updates']} updates). It is set beside each configuration that differs from it in exactly one "
              "setting, so each difference measures one change (relmt/report/controls.py). sacreBLEU, mean ± std (n "
              "seeds); the difference is the variant's mean minus the control's. Where the report has the references, "
-             "seed s of the variant is tested against seed s of the control with the paired bootstrap (two-sided "
-             "p < 0.05)."]
+             "the variant is tested against the control over all seeds at once (sentences and seeds resampled, "
+             "Clark et al. 2011), and seed s against seed s with the paired bootstrap (two-sided p < 0.05)."]
     for row in table["rows"]:
         lines = [[f"**{row['label']}**", DASH, *(fmt(row["bleu"].get(s)) for s in splits)]]
         for c in row["controls"]:
@@ -149,7 +151,7 @@ def md_controls(table: dict | None) -> str | None:
         if not row["controls"]:
             text += "\n\nNo configuration of this group differs from it in one setting only."
         if tested := [f"- against {c['label']}: {md_tests(c['tests'])}" for c in row["controls"] if c["tests"]]:
-            text += "\n\nPaired bootstrap, variant against control:\n\n" + "\n".join(tested)
+            text += "\n\nPaired tests, variant against control:\n\n" + "\n".join(tested)
         parts.append(text)
     return "\n\n".join(parts)
 

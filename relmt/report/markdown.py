@@ -170,23 +170,26 @@ def md_length(table: dict) -> str:
 
 
 def md_significance(group: Group, report: Report) -> str | None:
-    """Every seed pair's paired bootstrap, and per comparison and test set the count significant."""
+    """Per comparison and test set the test over all seeds, every seed pair's paired bootstrap, and the count of
+    pairs significant."""
     if group.tables["positions"] is None or len(group.tables["positions"]["rows"]) < 2:
         return None
-    head = "### Significance: paired bootstrap, seed by seed"
+    head = "### Significance: all seeds at once, and seed by seed"
     if group.refs is None:
         return f"{head}\n\nNot tested: {no_refs(report, group)}."
     if not group.significance:
         return f"{head}\n\nNo seed pair to test: the positions comparison lacks abs and rel, or rel and both."
     named = [(f"{c.system} vs {c.baseline}", c) for c in group.significance]
-    detail = [[name, c.split, *pair_cells(t)] for name, c in named for t in c.tests]
+    detail = [[name, c.split, *pair_cells(t)] for name, c in named for t in [c.overall, *c.tests] if t]
     summary = [[name, c.split, str(len(c.tests)), *(str(c.significant(d)) for d in (0, 1, -1))]
                for name, c in named if c.tests]
     missing = [f"{name} on {c.split}: {why}" for name, c in named for why in c.missing]
-    text = (f"{head}\n\nsacreBLEU of seed s of the baseline and seed s of the system on the same sentences, tested "
-            f"with a paired bootstrap ({report.n_samples} resamples, resampling seed 12345): the 95% percentile "
-            "interval of system − baseline and the two-sided p; a seed pair is significant when p < 0.05, that is "
-            f"when its interval excludes 0. References: `{group.refs}`.\n\n"
+    text = (f"{head}\n\nsacreBLEU on the same sentences, {report.n_samples} resamples, resampling seed 12345: the "
+            "95% percentile interval of system − baseline and the two-sided p, significant when p < 0.05, that is "
+            "when the interval excludes 0. The row \"all (n + m)\" tests the means over every seed of both systems "
+            "at once (sentences and seeds resampled, Clark et al. 2011) and decides the claims; the rows below it "
+            "test seed s of the baseline against seed s of the system (a paired bootstrap), and their counts decide "
+            f"nothing. References: `{group.refs}`.\n\n"
             + md_table(["comparison", "test set", *PAIR_HEADER], detail) + "\n\n"
             + md_table(["comparison", "test set", "seed pairs", "significant (p < 0.05)", "system ahead, significant",
                         "system behind, significant"], summary))
@@ -267,7 +270,7 @@ def md_group(group: Group, report: Report, name: str) -> str:
 def md_claim(claim: Claim, paper: bool = True) -> str:
     measured = ", ".join(f"{k} {v:.2f}" for k, v in claim.measured.items())
     text = f"- **{claim.name}** ({claim.table}): {claim.verdict}. Criterion: {claim.criterion}. Measured: {measured}."
-    text += f" Paired bootstrap: {claim.test}." if claim.test else ""
+    text += f" Tests: {claim.test}." if claim.test else ""
     return text + (f" Paper: {claim.paper}." if claim.paper and paper else "")
 
 
@@ -309,11 +312,12 @@ def md_item(item: LengthGroup, report: Report) -> str:
              "training source, partly when the cutoff falls inside it.\n\n" + md_table(header, rows), md_signatures(g)]
     if tested := item.significance:
         missing = [f"{c.system} vs {c.baseline}: {why}" for c in tested for why in c.missing]
-        parts.append(f"Paired bootstrap on the {next((c.sentences for c in tested if c.sentences), 0)} test sentences "
-                     f"longer than training, seed by seed ({report.n_samples} resamples, sacreBLEU; 95% interval of "
-                     "system − baseline, two-sided p; p < 0.05 counts as significant):\n\n"
+        parts.append(f"Paired tests on the {next((c.sentences for c in tested if c.sentences), 0)} test sentences "
+                     f"longer than training ({report.n_samples} resamples, sacreBLEU; 95% interval of system − "
+                     "baseline, two-sided p; p < 0.05 counts as significant): over all seeds at once (\"all (n + m)\", "
+                     "which decides the claims), then seed by seed:\n\n"
                      + md_table(["comparison", *PAIR_HEADER], [[f"{c.system} vs {c.baseline}", *pair_cells(t)]
-                                                               for c in tested for t in c.tests]))
+                                                               for c in tested for t in [c.overall, *c.tests] if t]))
         parts.append("Not tested: " + "; ".join(missing) + "." if missing else None)
     elif g.refs is None and seen:
         parts.append(f"No paired test: {no_refs(report, g)}.")

@@ -1,6 +1,8 @@
-"""Paired bootstrap tests (relmt.evaluate.metrics), seed s of the baseline against seed s of the system: each run's
-translations/<split>.<tgt> against <split>.<tgt> of the --refs folder. Seeds are paired, not pooled: each pair's
-test sees one seed's training noise, and the verdicts count pairs."""
+"""Paired tests (relmt.evaluate.metrics) of each run's translations/<split>.<tgt> against <split>.<tgt> of the --refs
+folder. One test counts every seed of both systems at once (`multi_seed_bootstrap`, Clark et al. 2011: it resamples
+the sentences and each system's seeds) and decides the verdicts; beside it, seed s of the baseline against seed s of
+the system (`paired_bootstrap`), whose counts of significant pairs are shown but decide nothing: on same-system
+pairs they call a difference 10% of the time at alpha 0.05 (docs/results/reproduction/calibration.md)."""
 
 import functools
 from collections.abc import Callable
@@ -9,7 +11,7 @@ from pathlib import Path
 
 from relmt.data.sources import read_lines
 from relmt.errors import UserError
-from relmt.evaluate.metrics import paired_bootstrap
+from relmt.evaluate.metrics import multi_seed_bootstrap, paired_bootstrap
 from relmt.report.paper import BEYOND
 from relmt.report.runs import Run
 from relmt.report.tables import Group, positions_runs
@@ -23,14 +25,16 @@ BEYOND_PAIRS = [(baseline, method) for method in BEYOND for baseline in ("abs", 
 
 @dataclass(frozen=True)
 class PairTest:
-    """One seed pair: both systems' sacreBLEU, the 95% interval of system − baseline, the two-sided p."""
+    """One seed pair (`seed`), or every seed at once (seed None; `seeds`: how many each system has, and the
+    scores are means over them): both systems' sacreBLEU, the 95% interval of system − baseline, the two-sided p."""
 
-    seed: int
+    seed: int | None
     baseline: float
     system: float
     low: float
     high: float
     p_value: float
+    seeds: tuple[int, int] = (1, 1)
 
     @property
     def difference(self) -> float:
@@ -45,6 +49,7 @@ class Comparison:
     system: str
     split: str
     tests: list[PairTest] = field(default_factory=list)
+    overall: PairTest | None = None  # every seed at once: the test that decides verdicts
     missing: list[str] = field(default_factory=list)  # why a seed could not be tested
     sentences: int | None = None
 
@@ -76,26 +81,37 @@ def by_seed(runs: list[Run]) -> dict[int, Run]:
 
 def test_pairs(comparison: Comparison, base: dict[int, Run], system: dict[int, Run], texts: Texts,
                n_samples: int, keep: Callable[[int], bool] | None = None) -> Comparison:
-    """Fill `comparison` with a PairTest per seed both sides have. `texts(run)` gives a run's hypotheses
-    and the references (OSError/ValueError: why it cannot); `keep(i)` picks sentences."""
-    for side, own, other in ((comparison.baseline, base, system), (comparison.system, system, base)):
+    """Fill `comparison` with a PairTest per seed both sides have, and `overall` with the test over every seed
+    each side could read (a seed without a partner counts there too). `texts(run)` gives a run's hypotheses and
+    the references (OSError/ValueError: why it cannot); `keep(i)` picks sentences."""
+    read: list[dict[int, list[str]]] = [{}, {}]
+    refs: list[str] = []
+    for side, own, other, hyps in ((comparison.baseline, base, system, read[0]), (comparison.system, system, base,
+                                                                                   read[1])):
         if alone := sorted(set(own) - set(other)):
-            comparison.missing.append(f"seed{'s' * (len(alone) > 1)} {', '.join(map(str, alone))}: {side} only")
-    for seed in sorted(set(base) & set(system)):
-        try:
-            (hyps_b, refs), (hyps_s, _) = texts(base[seed]), texts(system[seed])
-            for run, hyps in ((base[seed], hyps_b), (system[seed], hyps_s)):
-                if len(hyps) != len(refs):
-                    raise ValueError(f"{run.path}: {len(hyps)} translations for {len(refs)} references")
-            if keep is not None:
-                index = [i for i in range(len(refs)) if keep(i)]
-                hyps_b, hyps_s, refs = ([xs[i] for i in index] for xs in (hyps_b, hyps_s, refs))
-            r = paired_bootstrap(hyps_b, hyps_s, refs, n_samples=n_samples, seed=SEED, alpha=ALPHA)
-        except (OSError, ValueError) as exc:
-            comparison.missing.append(f"seed {seed}: {exc}")
-            continue
-        comparison.sentences = len(refs)
+            comparison.missing.append(f"seed{'s' * (len(alone) > 1)} {', '.join(map(str, alone))}: {side} only "
+                                      "(no pair; counted in the test over all seeds)")
+        for seed, run in own.items():
+            try:
+                got, ref_lines = texts(run)
+                if len(got) != len(ref_lines):
+                    raise ValueError(f"{run.path}: {len(got)} translations for {len(ref_lines)} references")
+            except (OSError, ValueError) as exc:
+                comparison.missing.append(f"seed {seed}: {exc}")
+                continue
+            hyps[seed], refs = got, ref_lines
+    if keep is not None:
+        index = [i for i in range(len(refs)) if keep(i)]
+        refs, read = [refs[i] for i in index], [{s: [h[i] for i in index] for s, h in r.items()} for r in read]
+    if not read[0] or not read[1] or not refs:
+        comparison.missing += ["no sentences to test"] if read[0] and read[1] else []
+        return comparison
+    comparison.sentences = len(refs)
+    for seed in sorted(set(read[0]) & set(read[1])):
+        r = paired_bootstrap(read[0][seed], read[1][seed], refs, n_samples=n_samples, seed=SEED, alpha=ALPHA)
         comparison.tests.append(PairTest(seed, r["baseline"], r["system"], r["low"], r["high"], r["p_value"]))
+    m = multi_seed_bootstrap(*([r[s] for s in sorted(r)] for r in read), refs, n_samples, SEED, ALPHA)
+    comparison.overall = PairTest(None, m["baseline"], m["system"], m["low"], m["high"], m["p_value"], m["seeds"])
     return comparison
 
 

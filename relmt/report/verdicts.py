@@ -1,5 +1,6 @@
 """The verdict rules, one set for every claim of every report (issue 29 §1): a claim names the region its
-paired difference (system − baseline, BLEU) must lie in, and each seed pair's 95% interval votes."""
+paired difference (system − baseline, BLEU) must lie in, and the 95% interval of the test over all seeds decides
+(issue 59)."""
 
 import math
 from collections.abc import Callable
@@ -18,15 +19,20 @@ RULES = (
     f"\"saturates\") says it lies within a margin of ±{MARGIN:g} BLEU (below +{MARGIN:g} for \"no further gain\"); "
     f"\"slightly lower\" says the baseline is behind by more than 0 and less than {SLIGHT:g} BLEU; \"collapses\" says "
     "k = 0 is behind by more than half of the other's BLEU. These margins are our choice, fixed before the numbers, "
-    "not the paper's. Each claim is tested seed by seed (seed s against seed s, the same test sentences) with a paired "
-    f"bootstrap, which gives the {100 * (1 - ALPHA):g}% interval of the difference and its two-sided p (p < {ALPHA} "
-    "exactly when the interval excludes 0). A seed pair supports the claim when its interval lies inside the claim's "
-    "region and contradicts it when the interval lies outside. **held**: more than half of the seed pairs support it. "
-    "**did not hold**: more than half contradict it. **not significant** (a claim that one system is ahead) or "
-    "**inconclusive** (any other claim): neither. **not tested**: no seed pair could be tested (no references, or no "
-    "seed in common); the means are shown but decide nothing. A claim over several comparisons (k ≥ 2 saturates: every "
-    "k against the default k) holds when each holds and fails when any fails. Swapping the two systems of a \"≥\" "
-    "claim turns held into did not hold and back.")
+    "not the paper's. Each claim is tested once over all the seeds of both systems, on the same test sentences: "
+    "a bootstrap that resamples the sentences (the same draw for every run) and each system's seeds, and compares "
+    "the means over seeds (Clark et al. 2011), so that both the test set and the seed-to-seed spread count. It gives "
+    f"the {100 * (1 - ALPHA):g}% interval of the difference and its two-sided p (p < {ALPHA} exactly when the "
+    "interval excludes 0); on same-system comparisons of the committed runs it called a difference no more "
+    "often than α (calibration.md). **held**: the interval lies inside the claim's region. **did not hold**: it "
+    "lies outside. **not significant** (a claim that one system is ahead) or **inconclusive** (any other claim): it "
+    "crosses an edge. **not tested**: no run could be tested (no references, or a system without translations); the "
+    "means are shown but decide nothing. With one seed a side the test is the paired bootstrap of that pair. Beside "
+    "it, each seed pair (seed s against seed s) is tested alone and the pairs significant are counted; the counts "
+    "decide nothing, since a per-pair test called a difference between runs of one system more often than α "
+    "(calibration.md). A claim over several comparisons (k ≥ 2 saturates: every k against the default k) holds when "
+    "each holds and fails when any fails. Swapping the two systems of a \"≥\" claim turns held into did not hold "
+    "and back.")
 
 Region = Callable[[PairTest], tuple[float, float]]
 
@@ -46,16 +52,15 @@ def within(low: float, high: float) -> Rule:
     return Rule(lambda t: (low, high))
 
 
-def verdict(tests: list[PairTest], rule: Rule) -> str:
-    """held / did not hold / rule.undecided by the majority of seed pairs, each voting with its interval: inside
-    the rule's region (for), outside it (against) or across an edge (neither); not tested without any pair."""
-    if not tests:
+def verdict(test: PairTest | None, rule: Rule) -> str:
+    """held / did not hold / rule.undecided by the test over all seeds: its interval inside the rule's region,
+    outside it, or across an edge; not tested without a test."""
+    if test is None:
         return NOT_TESTED
-    regions = [(t, *rule.region(t)) for t in tests]
-    if 2 * sum(low < t.low and t.high < high for t, low, high in regions) > len(tests):
+    low, high = rule.region(test)
+    if low < test.low and test.high < high:
         return HELD
-    against = sum(t.high < low or t.low > high for t, low, high in regions)
-    return NOT_HELD if 2 * against > len(tests) else rule.undecided
+    return NOT_HELD if test.high < low or test.low > high else rule.undecided
 
 
 def combine(verdicts: list[str]) -> str:

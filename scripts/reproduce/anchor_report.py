@@ -23,14 +23,15 @@ import html
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 from sacrebleu.metrics import BLEU
 
 from relmt.data.sources import read_lines
-from relmt.evaluate.metrics import paired_bootstrap, tokenized_bleu
+from relmt.evaluate.metrics import moses_prep, multi_seed_bootstrap, tokenized_bleu
 from relmt.host import host
-from relmt.report.significance import ALPHA, SEED, PairTest
+from relmt.report.significance import ALPHA, SEED, Comparison, PairTest, test_pairs
 from relmt.report.verdicts import AHEAD, RULES, verdict
 
 PUBLISHED = 41.02  # Wu et al. (2021), Transformer-tiny, test2016, their metric
@@ -108,20 +109,28 @@ def means(rows: list[dict]) -> list[dict]:
     return out
 
 
-def rel_against_abs(runs: Path, multi30k: Path) -> list[PairTest]:
-    """Seed s of rel against seed s of abs on test2016: the paired bootstrap of the other reports
-    (relmt.report.significance), one PairTest per seed both have, in sacreBLEU -lc (the recipe's data is
-    lowercased, so its outputs are: hypotheses and references both lowercased, as sacreBLEU's lowercase=True does)."""
+def rel_against_abs(runs: Path, multi30k: Path) -> tuple[Comparison, dict | None]:
+    """rel against abs on test2016 in sacreBLEU -lc (the recipe's data is lowercased, so its outputs are: hypotheses
+    and references both lowercased, as sacreBLEU's lowercase=True does), as the other reports test (relmt.report.
+    significance): over all seeds at once, which decides, and seed s against seed s beside it. And the same test
+    over all seeds in Wu et al.'s metric, for each system's mean over seeds with its 95% interval (None: no runs)."""
     refs = multi30k / "test.de"
     found = {(r.name.split("_")[1], seed_of(r.name)): r for r in runs.glob("wu2021_*_s*")
              if (r / "translations" / "test.de").is_file()} if runs.is_dir() and refs.is_file() else {}
-    tests = []
-    for seed in sorted({s for kind, s in found if kind == "abs"} & {s for kind, s in found if kind == "rel"}):
-        abs_, rel, ref = ([x.lower() for x in read_lines(path)] for path in (
-            found["abs", seed] / "translations" / "test.de", found["rel", seed] / "translations" / "test.de", refs))
-        r = paired_bootstrap(abs_, rel, ref, n_samples=N_BOOTSTRAP, seed=SEED, alpha=ALPHA)
-        tests.append(PairTest(seed, r["baseline"], r["system"], r["low"], r["high"], r["p_value"]))
-    return tests
+    kinds = [{seed: SimpleNamespace(path=r) for (kind, seed), r in sorted(found.items()) if kind == k}
+             for k in ("abs", "rel")]
+
+    def texts(run: SimpleNamespace) -> tuple[list[str], list[str]]:
+        return [x.lower() for x in read_lines(run.path / "translations" / "test.de")], [x.lower() for x in
+                                                                                        read_lines(refs)]
+    comparison = test_pairs(Comparison("abs", "rel", "test2016"), *kinds, texts, N_BOOTSTRAP)
+    if not kinds[0] or not kinds[1]:
+        return comparison, None
+    prep = moses_prep("de", compound_split=False, lowercase=True)
+    wu = multi_seed_bootstrap(*([[prep(x) for x in read_lines(r.path / "translations" / "test.de")] for r in k.values()]
+                                for k in kinds), [prep(x) for x in read_lines(refs)], N_BOOTSTRAP, SEED, ALPHA,
+                              BLEU(tokenize="none", force=True))
+    return comparison, wu
 
 
 def seed_spread(seeds: Path) -> list[dict]:
@@ -135,12 +144,16 @@ def seed_spread(seeds: Path) -> list[dict]:
     return rows
 
 
+def bounds(interval: list[float] | None) -> str:
+    return "–" if interval is None else f"{interval[0]:.2f}–{interval[1]:.2f}"
+
+
 def fmt(x) -> str:
     return "–" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
 
 
 def section(rows: list[dict], check: list[dict], spread: list[dict], command: str, summary: list[dict],
-            pairs: list[PairTest]) -> str:
+            tested: Comparison, wu: dict | None) -> str:
     hw = host()
     head = ["run", "positions", "updates", "hours", *(f"{label} (Wu's metric)" for label, _ in SPLITS.values()),
             *(f"{label} sacreBLEU -lc" for label, _ in SPLITS.values()), "goal on test2016", "met"]
@@ -179,24 +192,34 @@ def section(rows: list[dict], check: list[dict], spread: list[dict], command: st
                      f"{r['positions']} recipe runs move seed to seed (below), and the published figure is "
                      f"{'inside' if r.get('published_inside_ci') else 'outside'} its 95% interval."]
     if summary:
+        interval = dict(zip(("abs", "rel"), wu["intervals"].values())) if wu else {}
         text += ["", "### Means over seeds", "",
-                 f"| positions | seeds | test2016 (Wu's metric), mean | mean − {PUBLISHED} | sacreBLEU -lc, mean "
-                 "| seed-to-seed range | goal | met |",
-                 "|---|---|---|---|---|---|---|---|",
+                 f"The 95% interval of a mean resamples the test sentences and the seeds (relmt.evaluate.metrics."
+                 f"multi_seed_bootstrap, {N_BOOTSTRAP} resamples, in Wu et al.'s metric).", "",
+                 f"| positions | seeds | test2016 (Wu's metric), mean | 95% interval | mean − {PUBLISHED} | "
+                 "sacreBLEU -lc, mean | seed-to-seed range | goal | met |",
+                 "|---|---|---|---|---|---|---|---|---|",
                  *(f"| {m['positions']} | {', '.join(map(str, m['seeds']))} | {m['mean_wu']:.2f} | "
-                   f"{m['gap_to_published']:+.2f} | {fmt(m['mean_sacrebleu_lc'])} | {m['range_wu']:.2f} | "
-                   f"≥ {fmt(m['goal'])} | "
+                   f"{bounds(interval.get(m['positions']))} | {m['gap_to_published']:+.2f} | "
+                   f"{fmt(m['mean_sacrebleu_lc'])} | {m['range_wu']:.2f} | ≥ {fmt(m['goal'])} | "
                    f"{'yes' if m['goal_met'] else '**no**'} |" for m in summary)]
-    if pairs:
-        claim, swapped = verdict(pairs, AHEAD), verdict([PairTest(t.seed, t.system, t.baseline, -t.high, -t.low,
-                                                                  t.p_value) for t in pairs], AHEAD)
+        if wu:
+            text += ["", f"rel − abs in Wu et al.'s metric over all seeds ({wu['seeds'][0]} + {wu['seeds'][1]}): "
+                     f"{wu['difference']:+.2f}, 95% interval [{wu['low']:+.2f}, {wu['high']:+.2f}], p = "
+                     f"{wu['p_value']:.3f}."]
+    if (t := tested.overall) is not None:
+        back = PairTest(None, t.system, t.baseline, -t.high, -t.low, t.p_value, t.seeds[::-1])
         text += ["", "### rel against abs at the published recipe", "",
-                 f"Seed s of rel against seed s of abs on test2016, sacreBLEU -lc (13a) with the paired bootstrap "
-                 f"({N_BOOTSTRAP} resamples) of the other reports. **rel ≥ abs: {claim}** (abs ≥ rel: {swapped}), "
-                 f"from {len(pairs)} seed pair{'s' * (len(pairs) > 1)}.", "",
+                 f"test2016, sacreBLEU -lc (13a), {N_BOOTSTRAP} resamples, as the other reports test: over all seeds "
+                 f"at once ({t.seeds[0]} abs + {t.seeds[1]} rel; sentences and seeds resampled, Clark et al. 2011), "
+                 f"which decides: **rel ≥ abs: {verdict(t, AHEAD)}** (abs ≥ rel: {verdict(back, AHEAD)}). Beside it, "
+                 f"seed s of rel against seed s of abs (paired bootstrap): {tested.significant()} of "
+                 f"{len(tested.tests)} seed pair{'s' * (len(tested.tests) != 1)} significant.", "",
                  "| seed | abs | rel | rel − abs | 95% interval | p |", "|---|---|---|---|---|---|",
-                 *(f"| {t.seed} | {t.baseline:.2f} | {t.system:.2f} | {t.difference:+.2f} | {t.low:+.2f} to "
-                   f"{t.high:+.2f} | {t.p_value:.3f} |" for t in pairs), "", RULES]
+                 *(f"| {'all' if t.seed is None else t.seed} | {t.baseline:.2f} | {t.system:.2f} | "
+                   f"{t.difference:+.2f} | {t.low:+.2f} to {t.high:+.2f} | {t.p_value:.3f} |"
+                   for t in [t, *tested.tests]),
+                 *([""] + [f"Not paired: {'; '.join(tested.missing)}."] if tested.missing else []), "", RULES]
     if spread:
         text += ["", "Seed to seed, relmt's Multi30k recipe (`experiment=multi30k_cpu`, 3,000 updates, Table 1's "
                  "runs) moves this much on test2016 in the same metric:", "",
@@ -226,13 +249,16 @@ def main(argv: list[str] | None = None) -> None:
     spread = seed_spread(args.seeds)
     command = "python scripts/reproduce/anchor_report.py" + (f" --wu {args.wu}" if args.wu else "")
     page = args.page.read_text()
-    summary, pairs = means(rows), rel_against_abs(args.runs, args.multi30k)
-    new = section(rows, check, spread, command, summary, pairs)
+    summary, (tested, wu) = means(rows), rel_against_abs(args.runs, args.multi30k)
+    new = section(rows, check, spread, command, summary, tested, wu)
     page = MARK.sub(lambda _: new, page) if MARK.search(page) else page.rstrip("\n") + "\n\n" + new + "\n"
     args.page.write_text(page)
     args.page.with_suffix(".json").write_text(json.dumps({"command": command, "host": host(), "published": PUBLISHED,
                                                           "runs": rows, "means": summary,
-                                                          "rel_against_abs": [vars(t) for t in pairs],
+                                                          "rel_against_abs": {
+                                                              "all_seeds": vars(tested.overall) if tested.overall
+                                                              else None, "pairs": [vars(t) for t in tested.tests],
+                                                              "wu_metric": wu},
                                                           "metric_check": check, "seed_spread": spread},
                                                          indent=2) + "\n")
     print(new)
