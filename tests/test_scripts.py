@@ -413,7 +413,7 @@ def test_reproduction_reports_title_the_progress_of_each_queue(tmp_path):
     assert "positions: no finished run" in out and "positions_length: no finished run" in out
     md = (tmp_path / "out" / "reproduction" / "multi30k.md").read_text()
     assert md.startswith("# Shaw et al. on Multi30k EN→DE, 2 CPU cores (in progress: 2 of 3 runs)\n")
-    assert "### Significance: paired bootstrap, seed by seed" in md and "50 resamples" in md
+    assert "### Significance: all seeds at once, and seed by seed" in md and "50 resamples" in md
     assert not (tmp_path / "out" / "reproduction" / "length.md").exists() and not (tmp_path / "toy_text").exists()
     claims = (tmp_path / "out" / "reproduction" / "claims.md").read_text()
     assert "From: [multi30k.md](multi30k.md) (2 of 3 runs)." in claims
