@@ -29,6 +29,21 @@ Example: the old dogs near alice said that the cat quickly saw bob ->
 where each word stands for its target word. "the dog saw the cat" and "the cat saw the dog" have
 one bag of words and different translations; the corpus holds many such role-swapped twins.
 
+Gold word alignment (`alignment`, `gold_alignment`): links (i, j) from source word i to target
+word j, 0-based, whitespace-split words. Every source word yields exactly one target word, its
+LEXICON entry, so the sure links S map the source words one to one onto the target's non-particle
+words. A particle translates no source word and has no sure link, only possible links (Och & Ney
+2003: P includes S; a possible link is never required, and proposing one is not an error):
+`ga`/`wo` to the words of the NP they close, its determiner, adjectives and noun (a name: itself),
+not its PP or relative clause, which are phrases of their own; an agreement particle to its verb,
+whose inflection it is (the noun it agrees with may be far away). Example:
+    the dog saw the cat -> baba ponu ga bire ze baba visa wo (the dog ga saw ze the cat wo)
+    S = 0-0 1-1 2-3 3-5 4-6;  P = S + 0-2 1-2 2-4 3-7 4-7
+`write_text` writes each split as {split}.src and {split}.tgt (one sentence a line), {split}.align
+(S) and {split}.align_possible (all of P, S included), one line per pair, in Pharaoh format:
+"i-j" links separated by spaces, sorted (the format fast_align writes; relmt/evaluate/alignment.py
+scores hypotheses against these files).
+
 Splits: train/valid/test have 1..L source words, test_long L+1..2L from the same grammar (with
 likelier recursion and an equal quota per length). No evaluation sentence is in train or occurs
 twice across the evaluation splits; train may repeat a few short sentences.
@@ -38,6 +53,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 SPLITS = ("train", "valid", "test", "test_long")
 
@@ -149,32 +165,79 @@ def source(s: Sentence) -> str:
     return " ".join(_src_clause(s.first) + [w for j, c in s.rest for w in [j] + _src_clause(c)])
 
 
-def _tgt_np(np: NP) -> list[str]:
+Link = tuple[int, int]  # (source word index, target word index), 0-based
+
+# A target word: (word, the source index it translates, None for a particle, the source indices
+# a particle may be linked to).
+_Tok = tuple[str, int | None, tuple[int, ...]]
+
+
+def _word(w: str, i: int) -> _Tok:
+    return LEXICON[w], i, ()
+
+
+def _core(np: NP, o: int) -> tuple[int, ...]:
+    """Source indices of an NP's own words (det, adjectives, noun) when it starts at index o."""
+    return tuple(range(o, o + (len(np.adjs) + 2 if np.det else 1)))
+
+
+def _tgt_np(np: NP, o: int) -> list[_Tok]:
+    """The target words of an NP whose first source word is at index o."""
     if np.det is None:
-        return [LEXICON[np.noun]]
-    out = [LEXICON[np.det], LEXICON[np.noun]] + [LEXICON[a] for a in reversed(np.adjs)]
+        return [_word(np.noun, o)]
+    n = o + 1 + len(np.adjs)  # the noun
+    out = [_word(np.det, o), _word(np.noun, n)] + [_word(a, o + 1 + k) for k, a in reversed(list(enumerate(np.adjs)))]
     if isinstance(np.mod, PP):
-        out += _tgt_np(np.mod.np) + [LEXICON[np.mod.prep]]
+        out += _tgt_np(np.mod.np, n + 2) + [_word(np.mod.prep, n + 1)]
     elif isinstance(np.mod, Clause):
-        out += [LEXICON[THAT]] + _tgt_clause(np.mod, verb_final=True, head=np)
+        out += [_word(THAT, n + 1)] + _tgt_clause(np.mod, n + 2, verb_final=True, head=np)
     return out
 
 
-def _tgt_clause(c: Clause, verb_final: bool, head: NP | None = None) -> list[str]:
-    """`head`: the noun a relative clause modifies, which its verb agrees with."""
-    subj = _tgt_np(c.subj) + [NOM] if c.subj else []
-    verb = ([LEXICON[c.adv]] if c.adv else []) + [LEXICON[c.verb], AGR[NOUN_FEATURES[(c.subj or head).noun]]]
-    obj = _tgt_np(c.obj) + [ACC] if c.obj else []
-    comp = [LEXICON[THAT]] + _tgt_clause(c.comp, verb_final=True) if c.comp else []
+def _tgt_clause(c: Clause, o: int, verb_final: bool, head: NP | None = None) -> list[_Tok]:
+    """The target words of a clause whose first source word is at index o. `head`: the noun a
+    relative clause modifies, which its verb agrees with."""
+    v = o + (len(_src_np(c.subj)) if c.subj else 0) + (c.adv is not None)  # the verb
+    subj = _tgt_np(c.subj, o) + [(NOM, None, _core(c.subj, o))] if c.subj else []
+    verb = ([_word(c.adv, v - 1)] if c.adv else []) + [_word(c.verb, v)]
+    verb.append((AGR[NOUN_FEATURES[(c.subj or head).noun]], None, (v,)))
+    obj = _tgt_np(c.obj, v + 1) + [(ACC, None, _core(c.obj, v + 1))] if c.obj else []
+    t = v + 1 + (len(_src_np(c.obj)) if c.obj else 0)  # "that" of a complement
+    comp = [_word(THAT, t)] + _tgt_clause(c.comp, t + 1, verb_final=True) if c.comp else []
     return subj + (obj + verb if verb_final else verb + obj) + comp
+
+
+def _tgt_sentence(s: Sentence) -> list[_Tok]:
+    out, o = _tgt_clause(s.first, 0, verb_final=False), len(_src_clause(s.first))
+    for j, c in s.rest:
+        out += [_word(j, o)] + _tgt_clause(c, o + 1, verb_final=j in SUB)
+        o += 1 + len(_src_clause(c))
+    return out
 
 
 def translate(s: Sentence) -> str:
     """The target sentence of a structure (see the module docstring for the rules)."""
-    out = _tgt_clause(s.first, verb_final=False)
-    for j, c in s.rest:
-        out += [LEXICON[j]] + _tgt_clause(c, verb_final=j in SUB)
-    return " ".join(out)
+    return " ".join(w for w, _, _ in _tgt_sentence(s))
+
+
+def alignment(s: Sentence) -> tuple[list[Link], list[Link]]:
+    """The gold alignment of `source(s)` and `translate(s)`: (sure, possible) links (source index,
+    target index), each sorted; possible includes sure (see the module docstring)."""
+    sure, possible = [], []
+    for j, (_, i, may) in enumerate(_tgt_sentence(s)):
+        if i is not None:
+            sure.append((i, j))
+        possible += [(k, j) for k in may]
+    return sorted(sure), sorted(sure + possible)
+
+
+def gold_alignment(src: str, tgt: str | None = None) -> tuple[list[Link], list[Link]]:
+    """`alignment` of a toy source sentence, through its one parse. With `tgt`, check first that
+    it is the sentence's translation (ValueError if not), as it is for every generated pair."""
+    s = parse(src)
+    if tgt is not None and translate(s) != tgt:
+        raise ValueError(f"{tgt!r} is not the toy translation of {src!r}")
+    return alignment(s)
 
 
 def parse(text: str) -> Sentence:
@@ -317,3 +380,21 @@ def generate(seed: int = 1, n_train: int = 20000, n_valid: int = 500, n_test: in
     out["test_long"] = _draw(rngs["test_long"], n_test_long, max_words + 1, 2 * max_words, boost, taken,
                              per_length=True)
     return out
+
+
+def pharaoh(links: list[Link]) -> str:
+    """Links as one Pharaoh line: "i-j" sorted and separated by spaces (relmt/evaluate/alignment.py reads it)."""
+    return " ".join(f"{i}-{j}" for i, j in sorted(links))
+
+
+def write_text(splits: dict[str, list[tuple[str, str]]], out: Path) -> None:
+    """Write every split into folder `out` (made if missing) as {split}.src, {split}.tgt,
+    {split}.align and {split}.align_possible: line k of each is pair k (see the module docstring)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for split, pairs in splits.items():
+        links = [gold_alignment(src, tgt) for src, tgt in pairs]
+        files = {"src": [src for src, _ in pairs], "tgt": [tgt for _, tgt in pairs],
+                 "align": [pharaoh(sure) for sure, _ in links],
+                 "align_possible": [pharaoh(possible) for _, possible in links]}
+        for suffix, lines in files.items():
+            (out / f"{split}.{suffix}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")

@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Write the toy corpus as text files, {split}.src and {split}.tgt, for relmt-report --refs.
+"""Write the toy corpus as text files, {split}.src and {split}.tgt, for relmt-report --refs, with
+its gold word alignments, {split}.align and {split}.align_possible (Pharaoh "i-j" lines; see
+relmt/data/toy.py).
 
 The toy corpus is generated from a seed (relmt/data/toy.py) and never stored; its runs translate
 the test and test_long splits. The report's paired tests and its repeated-word analysis read
@@ -15,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from relmt.config import ToyConfig
-from relmt.data.toy import generate
+from relmt.data.toy import generate, write_text
 
 
 def main() -> None:
@@ -27,10 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     splits = generate(seed=args.seed, n_train=args.n_train, n_valid=args.n_valid, n_test=args.n_test,
                       n_test_long=args.n_test_long, max_words=args.max_words)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for split, pairs in splits.items():
-        for side, lang in ((0, "src"), (1, "tgt")):
-            (args.out / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    write_text(splits, args.out)
     print(f"{args.out}: " + ", ".join(f"{s} {len(p)}" for s, p in splits.items()))
 
 
