@@ -27,12 +27,15 @@ says (relmt.decode.search.nbest_search).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from relmt.config import EosCandidates, LengthNorm
+from relmt.decode import constraints as forcing
+from relmt.decode.constraints import Forced, make_forced
 from relmt.decode.ensemble import Ensemble
 from relmt.model.transformer import Transformer
 
@@ -103,14 +106,20 @@ def step_candidates(logits: Tensor, alive: Tensor, banned: Tensor, k: int, row_b
 
 
 def merge_finished(pool_scores: Tensor, pool_tokens: Tensor, new_scores: Tensor, new_tokens: Tensor,
-                   ) -> tuple[Tensor, Tensor]:
+                   unmet: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, ...]:
     """Keep each sentence's K best finished hypotheses. pool: (B, K) scores and (B, K, L) tokens;
-    new: (B, N) scores (-inf where not finished) and (B, N, L) tokens. Returns the new pool."""
+    new: (B, N) scores (-inf where not finished) and (B, N, L) tokens. Returns the new pool. unmet: the
+    constraints each pool and new hypothesis misses ((B, K), (B, N); relmt/decode/constraints.py), ranked before
+    the score (fewer first) and returned as the pool's third tensor."""
     k = pool_scores.shape[1]
     scores = torch.cat((pool_scores, new_scores), dim=1)
     tokens = torch.cat((pool_tokens, new_tokens), dim=1)
-    best, idx = scores.topk(k, dim=1)
-    return best, tokens.gather(1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
+    missed = torch.cat(unmet, dim=1) if unmet is not None else None
+    key = scores if missed is None else scores.double() - 1e6 * missed  # float64: exact for these sizes
+    best, idx = key.topk(k, dim=1)
+    pool = scores.gather(1, idx) if missed is not None else best, tokens.gather(1, idx[:, :, None].expand(
+        -1, -1, tokens.shape[2]))
+    return pool if missed is None else (*pool, missed.gather(1, idx))
 
 
 def can_stop(pool_scores: Tensor, alive_scores: Tensor, limit: Tensor, alpha: float | Tensor,
@@ -126,6 +135,7 @@ def can_stop(pool_scores: Tensor, alive_scores: Tensor, limit: Tensor, alpha: fl
 class Hypothesis:
     tokens: list[int]  # output ids without BOS/EOS
     score: float  # log P(y) / lp(|y|)
+    unmet: int = 0  # constraints it misses: only where its step limit left no room (relmt/decode/constraints.py)
 
 
 def pick(flag: bool | Tensor, yes, no) -> Tensor:
@@ -151,11 +161,15 @@ def live_and_finishing(cand: Tensor, token: Tensor, last: Tensor, eos_id: int, t
     return keep, finishing & torch.isfinite(cand)
 
 
-def finished_hypotheses(scores: Tensor, tokens: Tensor, drop: tuple[int, ...]) -> list[list[Hypothesis]]:
-    """Each sentence's pool (scores (n, K), tokens (n, K, L)) as hypotheses, best first, without the
-    empty slots (-inf) and the `drop` ids (EOS, padding)."""
-    return [[Hypothesis([x for x in seq if x not in drop], sc) for sc, seq in zip(row_scores, row_tokens)
-             if sc != float("-inf")] for row_scores, row_tokens in zip(scores.tolist(), tokens.tolist())]
+def finished_hypotheses(scores: Tensor, tokens: Tensor, drop: tuple[int, ...], unmet: Tensor | None = None,
+                        ) -> list[list[Hypothesis]]:
+    """Each sentence's pool (scores (n, K), tokens (n, K, L), the constraints each misses (n, K)) as hypotheses,
+    best first, without the empty slots (-inf) and the `drop` ids (EOS, padding). Where a sentence has a hypothesis
+    holding every constraint, those that miss one (cut at the step limit) are dropped."""
+    missed = unmet.tolist() if unmet is not None else [[0] * scores.shape[1]] * scores.shape[0]
+    out = [[Hypothesis([x for x in seq if x not in drop], sc, u) for sc, seq, u in zip(row_scores, row_tokens, row_u)
+            if sc != float("-inf")] for row_scores, row_tokens, row_u in zip(scores.tolist(), tokens.tolist(), missed)]
+    return [[h for h in hs if not h.unmet] if any(not h.unmet for h in hs) else hs for hs in out]
 
 
 @dataclass(frozen=True)
@@ -183,37 +197,59 @@ class Beams:
     pool_scores: Tensor  # (m, K) the finished hypotheses' normalised scores, -inf for an empty slot
     pool_tokens: Tensor  # (m, K, t) their tokens, padded
     limit: Tensor  # (m,) each sentence's step limit
+    forced: Forced | None = None  # prefixes and constraints (relmt/decode/constraints.py), None: none
 
     def keep(self, sentences: Tensor) -> Beams:
         """The beams of the sentences where `sentences` (m,) bool holds."""
         k = self.alive.shape[1]
         return Beams(self.tokens[sentences.repeat_interleave(k)], self.alive[sentences], self.pool_scores[sentences],
-                     self.pool_tokens[sentences], self.limit[sentences])
+                     self.pool_tokens[sentences], self.limit[sentences],
+                     self.forced.keep(sentences) if self.forced is not None else None)
 
 
 def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[Beams, Tensor, Tensor]:
     """One step of the search (see the module's docstring) from the logits (m*K, V) of the beams' next token.
     Returns the beams after it, the row of the step's hypotheses each new live beam continues ((m*K,), for
-    cache.select), and which sentences are done ((m,) bool)."""
+    cache.select), and which sentences are done ((m,) bool). With `beams.forced`, prefixes and constraints
+    shape the candidates (relmt/decode/constraints.py); without, the step is exactly the plain one."""
     m, k = beams.alive.shape
     t = beams.tokens.shape[1] - 1
+    f = beams.forced
     eos_early = torch.as_tensor(t < rules.min_len).expand(m * k)  # EOS banned in every row before min_len
-    cand, origin, token = step_candidates(logits.float(), beams.alive, rules.banned, 2 * k,
-                                          (eos_early, rules.eos_id))  # (m, 2K)
+    logits, alive = logits.float(), beams.alive
+    if f is not None:
+        logits = logits.contiguous()
+        if f.constrained:
+            eos_early = eos_early | ~forcing.all_met(f, f.progress)  # no EOS while a constraint is missing
+            extra = forcing.extra_candidates(logits, alive, f, rules.banned, rules.eos_id, t)
+        alive = forcing.force_prefix(logits, alive, f, t)
+    cand, origin, token = step_candidates(logits, alive, rules.banned, 2 * k, (eos_early, rules.eos_id))
     last = (t + 1 >= beams.limit)[:, None]
-    keep, finishing = live_and_finishing(cand, token, last, rules.eos_id, rules.t2t)
-    rows = torch.arange(m, device=cand.device)[:, None] * k + origin  # (m, 2K) rows of `tokens`
-    seqs = torch.cat((beams.tokens[rows.view(-1), 1:].view(m, 2 * k, t), token[:, :, None]), dim=2)
+    if f is not None and f.constrained:
+        cand, origin, token, progress, keep, finishing, unmet = forcing.select(
+            f, (cand, origin, token), extra, last, rules.eos_id, logits.shape[1])
+    else:
+        keep, finishing = live_and_finishing(cand, token, last, rules.eos_id, rules.t2t)
+    n = cand.shape[1]  # 2K candidates, and with constraints the extra ones
+    rows = torch.arange(m, device=cand.device)[:, None] * k + origin  # (m, N) rows of `tokens`
+    seqs = torch.cat((beams.tokens[rows.view(-1), 1:].view(m, n, t), token[:, :, None]), dim=2)
     normalised = cand / length_penalty(t + 1, rules.lenpen, rules.norm)  # t + 1: an int, or symbolic in a graph
     pool_tokens = torch.cat((beams.pool_tokens, beams.pool_tokens.new_full((m, k, 1), pad_id)), dim=2)
-    pool_scores, pool_tokens = merge_finished(beams.pool_scores, pool_tokens,
-                                              normalised.masked_fill(~finishing, float("-inf")), seqs)
+    if f is not None and f.constrained:
+        pool_scores, pool_tokens, pool_unmet = merge_finished(
+            beams.pool_scores, pool_tokens, normalised.masked_fill(~finishing, float("-inf")), seqs,
+            (f.pool_unmet, unmet))
+        f = replace(f, progress=progress.gather(1, keep[:, :, None].expand(-1, -1, progress.shape[2])).view(m * k, -1),
+                    pool_unmet=pool_unmet)
+    else:
+        pool_scores, pool_tokens = merge_finished(beams.pool_scores, pool_tokens,
+                                                  normalised.masked_fill(~finishing, float("-inf")), seqs)
     alive = cand.gather(1, keep)
     rows = rows.gather(1, keep).view(-1)
     tokens = torch.cat((beams.tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
     done = last[:, 0] | pick(rules.early_stop, lambda: torch.isfinite(pool_scores).all(1),
                              lambda: can_stop(pool_scores, alive, beams.limit, rules.lenpen, rules.norm))
-    return Beams(tokens, alive, pool_scores, pool_tokens, beams.limit), rows, done
+    return Beams(tokens, alive, pool_scores, pool_tokens, beams.limit, f), rows, done
 
 
 @torch.no_grad()
@@ -221,6 +257,8 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
                 max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1, early_stop: bool = False,
                 min_len: int = 0, use_cache: bool = True, eos_candidates: EosCandidates | str = EosCandidates.t2t,
                 out_weight: Tensor | tuple | None = None, length_norm: LengthNorm | str = LengthNorm.gnmt,
+                prefixes: Sequence[Sequence[int]] | None = None,
+                constraints: Sequence[Sequence[Sequence[int]]] | None = None, ordered: bool = False,
                 ) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses of each source row of src (B, S), best first, ranked by log-probability
     over length_penalty(|y|, lenpen, length_norm). `out_weight` is
@@ -228,7 +266,10 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
     handed to every cached step; None: the tied embedding itself. An `Ensemble` decodes through the
     same code: its memory, cache and output weights hold one entry per model. A model that `searches`
     with these rules (an engine whose compiled step includes `beam_step`, relmt/export/graphs.py) runs the
-    step and beam_step in one call of its `search_step`."""
+    step and beam_step in one call of its `search_step`.
+
+    prefixes[i]: the ids row i's output begins with; constraints[i]: id sequences its output must contain, in
+    that order if `ordered` (relmt/decode/constraints.py). Without either the search is the plain one."""
     k, pad_id = beam, model.pad_id
     rules = Rules(eos_id, torch.tensor([pad_id, bos_id], device=src.device), min_len, lenpen, length_norm,
                   EosCandidates(eos_candidates) == EosCandidates.t2t, early_stop)
@@ -236,10 +277,14 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
     n = src.shape[0]  # memory stays (n, S, d): the decoder shares it among a sentence's K beams
     alive = torch.full((n, k), float("-inf"), device=src.device)
     alive[:, 0] = 0.0  # one live beam to start, so that the first step does not repeat it K times
+    forced = make_forced(prefixes, constraints, ordered, n, k, src.device)
+    limit = max_lengths(src_mask, max_len_a, max_len_b)
+    if forced is not None:  # room for the prefix, every constraint token and EOS
+        limit = torch.maximum(limit, forced.needed())
     beams = Beams(src.new_full((n * k, 1), bos_id), alive, torch.full((n, k), float("-inf"), device=src.device),
-                  src.new_empty((n, k, 0)), max_lengths(src_mask, max_len_a, max_len_b))
+                  src.new_empty((n, k, 0)), limit, forced)
     fused = use_cache and out_weight is None and getattr(model, "searches", None) is not None and \
-        model.searches(rules)
+        forced is None and model.searches(rules)
     sentence = torch.arange(n, device=src.device)  # original index of each remaining sentence
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     cache = None
@@ -256,8 +301,9 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
             if use_cache:
                 cache = cache.select(rows)
         if done.any():
+            unmet = beams.forced.pool_unmet[done] if beams.forced is not None else None
             for i, hyps in zip(sentence[done].tolist(), finished_hypotheses(
-                    beams.pool_scores[done], beams.pool_tokens[done], (eos_id, pad_id))):
+                    beams.pool_scores[done], beams.pool_tokens[done], (eos_id, pad_id), unmet)):
                 results[i] = hyps[:nbest]
             sentence, beams, memory, src_mask = sentence[~done], beams.keep(~done), memory[~done], src_mask[~done]
             if use_cache:

@@ -1,0 +1,204 @@
+"""What a translator can ask of the output: a target prefix it must begin with, and phrases it must
+contain (lexically constrained decoding), as one explicit value the beam search carries (`Forced`).
+
+**Prefix.** While a sentence's step t is inside its prefix, every row of it may only take prefix[t]:
+the search scores the prefix under the model's distribution and continues from it, which is
+teacher-forcing the prefix and then searching (tests/test_forced.py holds it to that).
+
+**Constraints** (Hu et al., NAACL 2019, "Improved Lexically Constrained Decoding for Translation and
+Monolingual Rewriting": vectorized dynamic beam allocation; fairseq's `--constraints`). Each live beam
+tracks, per phrase, how many of its tokens it has matched so far (`progress`): the next token of a
+phrase advances it, any other token drops a partial match (to 1 if the token starts the phrase again).
+Unordered phrases advance independently; ordered ones only after every earlier phrase is met. Each step
+the candidates are the usual 2K best, plus for each live beam the next token of each unmet phrase and
+its own best token. A beam's *bank* is how many constraint tokens it has met; the K beams kept are
+taken from the banks in turn, most met first, best score first within a bank, so hypotheses that make
+progress on the constraints survive beside the best-scoring ones (`allocate`). EOS is banned while a
+beam misses a constraint, so every hypothesis that ends with EOS holds all of them. Only at the step
+limit, where live beams finish as they stand, can a hypothesis miss one: it then ranks after every
+hypothesis that holds them all, and says how many it misses (`Hypothesis.unmet`). The step limit is
+raised to leave room for the prefix and every constraint token.
+
+A sentence without constraints in a batch with some gets the plain search's candidates in the plain
+order (its only bank is 0); a batch without any runs `beam_step` untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+NONE = -1  # padding of prefixes and phrases
+
+
+@dataclass(frozen=True)
+class Forced:
+    """Per sentence (m of them, K beams each): `prefix` (m, P) ids and `phrases` (m, C, L) ids, padded with NONE;
+    `lengths` (m, C) tokens per phrase (0: padding); `ordered`; per live beam, `progress` (m*K, C) tokens matched
+    of each phrase; per finished hypothesis, `pool_unmet` (m, K) the phrases it misses."""
+
+    prefix: Tensor
+    phrases: Tensor
+    lengths: Tensor
+    ordered: bool
+    progress: Tensor
+    pool_unmet: Tensor
+
+    @property
+    def constrained(self) -> bool:
+        return self.phrases.shape[1] > 0
+
+    def keep(self, sentences: Tensor) -> Forced:
+        k = self.pool_unmet.shape[1]
+        return replace(self, prefix=self.prefix[sentences], phrases=self.phrases[sentences],
+                       lengths=self.lengths[sentences], progress=self.progress[sentences.repeat_interleave(k)],
+                       pool_unmet=self.pool_unmet[sentences])
+
+    def needed(self) -> Tensor:
+        """(m,) the fewest tokens an output needs: its prefix, every constraint token and EOS."""
+        return (self.prefix != NONE).sum(1) + self.lengths.sum(1) + 1
+
+
+def padded(rows: Sequence[Sequence[int]], width: int | None = None) -> Tensor:
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), width), NONE, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+    return out
+
+
+def make_forced(prefixes: Sequence[Sequence[int]] | None, constraints: Sequence[Sequence[Sequence[int]]] | None,
+                ordered: bool, n: int, k: int, device: torch.device) -> Forced | None:
+    """The Forced value of n sentences (None: nothing forced): prefixes[i] the ids sentence i's output begins
+    with, constraints[i] the id sequences it must contain (empty ones are ignored)."""
+    prefixes = [list(p) for p in prefixes] if prefixes is not None else [[] for _ in range(n)]
+    constraints = [[list(c) for c in cs if len(c)] for cs in constraints] if constraints is not None else \
+        [[] for _ in range(n)]
+    if len(prefixes) != n or len(constraints) != n:
+        raise ValueError(f"{len(prefixes)} prefixes and {len(constraints)} constraint lists for {n} sentences")
+    if not any(prefixes) and not any(constraints):
+        return None
+    c = max(len(cs) for cs in constraints)
+    width = max((len(p) for cs in constraints for p in cs), default=0)
+    phrases = torch.stack([padded(cs + [[]] * (c - len(cs)), width) for cs in constraints]) if c else \
+        torch.full((n, 0, 0), NONE, dtype=torch.long)
+    lengths = (phrases != NONE).sum(2)
+    return Forced(padded(prefixes).to(device), phrases.to(device), lengths.to(device), ordered,
+                  torch.zeros(n * k, c, dtype=torch.long, device=device),
+                  torch.zeros(n, k, dtype=torch.long, device=device))
+
+
+def inside_prefix(forced: Forced, t: int) -> Tensor:
+    """(m,) the sentences whose step t is inside their prefix."""
+    return forced.prefix[:, t] != NONE if t < forced.prefix.shape[1] else forced.prefix.new_zeros(
+        forced.prefix.shape[0], dtype=torch.bool)
+
+
+def force_prefix(logits: Tensor, alive: Tensor, forced: Forced, t: int) -> Tensor:
+    """Inside a sentence's prefix its rows may only take prefix[t]: every other token of logits (m*K, V) goes to
+    -inf, in place, and the live beams' log-probabilities alive (m, K) are returned with log p(prefix[t]) added,
+    taken before the masking, so the prefix is scored as teacher forcing scores it."""
+    m, k = alive.shape
+    inside = inside_prefix(forced, t)
+    if not inside.any():
+        return alive
+    token = forced.prefix[:, t].clamp(min=0).repeat_interleave(k)  # (m*K,)
+    logp = logits.gather(1, token[:, None])[:, 0] - torch.logsumexp(logits, dim=1)
+    rows = inside.repeat_interleave(k)
+    logits.masked_fill_(rows[:, None] & (torch.arange(logits.shape[1], device=logits.device) != token[:, None]),
+                        float("-inf"))
+    return alive + torch.where(rows, logp, 0.0).view(m, k)
+
+
+def all_met(forced: Forced, progress: Tensor) -> Tensor:
+    """(m*K,) whether each live beam (progress (m*K, C)) holds every phrase: only then may EOS end it."""
+    return (progress >= forced.lengths.repeat_interleave(progress.shape[0] // forced.lengths.shape[0], 0)).all(1)
+
+
+def wanted(forced: Forced) -> Tensor:
+    """(m*K, C) the next token each live beam needs of each phrase, NONE where the phrase is met or, for ordered
+    phrases, not its turn yet."""
+    k = forced.progress.shape[0] // forced.phrases.shape[0]
+    phrases = forced.phrases.repeat_interleave(k, 0)  # (m*K, C, L)
+    lengths = forced.lengths.repeat_interleave(k, 0)
+    done = forced.progress >= lengths
+    nxt = phrases.gather(2, forced.progress.clamp(max=phrases.shape[2] - 1)[:, :, None])[:, :, 0]
+    if forced.ordered:  # a phrase's turn comes when every earlier one is met
+        done_before = torch.cumprod(torch.cat((torch.ones_like(done[:, :1]), done[:, :-1]), 1).int(), 1).bool()
+        return nxt.masked_fill(done | ~done_before, NONE)
+    return nxt.masked_fill(done, NONE)
+
+
+def advance(forced: Forced, rows: Tensor, tokens: Tensor) -> Tensor:
+    """The progress (m, N, C) of the candidates that extend live beam rows[i, j] (its row of progress) by
+    tokens[i, j]: the next token of an open phrase advances it, its first token restarts it, any other drops it."""
+    before, need = forced.progress[rows], wanted(forced)[rows]  # (m, N, C) each
+    tok = tokens[:, :, None]
+    matched = torch.where(tok == need, before + 1, (tok == forced.phrases[:, None, :, 0]).long())
+    return torch.where(need != NONE, matched, torch.where(before >= forced.lengths[:, None, :], before, 0))
+
+
+def allocate(scores: Tensor, banks: Tensor, live: Tensor, k: int) -> Tensor:
+    """The K candidates (indices into the N, (m, K)) kept live: taken from the banks in turn, the bank with the most
+    constraint tokens met first, and within a bank by score (dynamic beam allocation). scores (m, N), banks (m, N)
+    int, live (m, N) bool: the candidates that may stay live (not EOS, finite)."""
+    m, n = scores.shape
+    order = torch.sort(scores.masked_fill(~live, float("-inf")), dim=1, descending=True, stable=True).indices
+    sorted_banks = banks.gather(1, order)
+    top = int(banks.max()) + 1 if banks.numel() else 1
+    onehot = torch.nn.functional.one_hot(sorted_banks, top)  # (m, N, banks)
+    rank_sorted = (onehot.cumsum(1) * onehot).sum(2) - 1  # each candidate's place within its bank
+    rank = torch.empty_like(rank_sorted).scatter_(1, order, rank_sorted)
+    key = (rank * (top + 1) + (top - banks)).masked_fill(~live, torch.iinfo(torch.long).max - 1)
+    key = key.masked_fill(~live & torch.isfinite(scores), torch.iinfo(torch.long).max)  # EOS: never live
+    return torch.sort(key, dim=1, stable=True).indices[:, :k]
+
+
+def unique(rows: Tensor, tokens: Tensor, vocab: int) -> Tensor:
+    """(m, N) True at the first occurrence of each (row, token) among a sentence's candidates."""
+    key = rows * vocab + tokens
+    sorted_key, order = torch.sort(key, dim=1, stable=True)
+    repeat = torch.cat((torch.zeros_like(sorted_key[:, :1], dtype=torch.bool), sorted_key[:, 1:] == sorted_key[:, :-1]),
+                       1)
+    return ~torch.zeros_like(repeat).scatter_(1, order, repeat)
+
+
+def extra_candidates(logits: Tensor, alive: Tensor, forced: Forced, banned: Tensor, eos_id: int, t: int,
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """The candidates constrained decoding adds to the 2K best (scores, origin beams, tokens; (m, K*(1 + C)) each):
+    for each live beam its own best token (not EOS, nor banned) and the next token of each phrase open to it,
+    scored log P(prefix) + log p(token) from logits (m*K, V) as the model gives them (before any ban), -inf for
+    sentences inside their prefix and for phrases not open."""
+    m, k = alive.shape
+    lse = torch.logsumexp(logits, dim=1, keepdim=True)
+    own_scores, own = logits.index_fill(1, torch.cat((banned, banned.new_tensor([eos_id]))), float("-inf")).max(1)
+    need = wanted(forced)  # (m*K, C)
+    need_scores = logits.gather(1, need.clamp(min=0)).masked_fill(need == NONE, float("-inf"))
+    scores = (torch.cat((own_scores[:, None], need_scores), 1) - lse + alive.reshape(-1, 1))  # (m*K, 1 + C)
+    scores = scores.masked_fill(inside_prefix(forced, t).repeat_interleave(k)[:, None], float("-inf"))
+    tokens = torch.cat((own[:, None], need.clamp(min=0)), 1)
+    origin = torch.arange(k, device=logits.device).repeat(m)[:, None].expand_as(tokens)
+    return scores.reshape(m, -1), origin.reshape(m, -1), tokens.reshape(m, -1)
+
+
+def select(forced: Forced, best: tuple[Tensor, Tensor, Tensor], extra: tuple[Tensor, Tensor, Tensor], last: Tensor,
+           eos_id: int, vocab: int) -> tuple[Tensor, ...]:
+    """The constrained step's candidates: the 2K best (`best`: scores, origin beams, tokens, (m, 2K)) and the
+    `extra` ones, each (row, token) once. Returns their scores, origins and tokens (m, N), their progress (m, N, C),
+    the K kept live ((m, K) indices, `allocate`), those that finish ((m, N) bool: an EOS, which only a beam holding
+    every phrase can take, or at the step limit `last` (m, 1) a beam kept live) and the phrases each misses (m, N)."""
+    m = last.shape[0]
+    k = forced.pool_unmet.shape[1]
+    cand, origin, token = (torch.cat(pair, 1) for pair in zip(best, extra))
+    rows = torch.arange(m, device=cand.device)[:, None] * k + origin
+    cand = cand.masked_fill(~unique(rows, token, vocab), float("-inf"))
+    progress = advance(forced, rows, token)  # (m, N, C)
+    is_eos, finite = token == eos_id, torch.isfinite(cand)
+    keep = allocate(cand, progress.sum(2), ~is_eos & finite, k)
+    kept = torch.zeros_like(is_eos).scatter_(1, keep, True)
+    finishing = finite & (is_eos | (last & kept))
+    unmet = (progress < forced.lengths[:, None, :]).sum(2)
+    return cand, origin, token, progress, keep, finishing, unmet

@@ -1,0 +1,149 @@
+"""A forced target prefix and lexical constraints in the one beam search (relmt/decode/constraints.py, issue 60):
+the prefix equals teacher-forcing it and then searching, every finished hypothesis holds every constraint (in
+order when ordered), and without either, or with empty lists, the search is the plain one exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relmt.decode.beam import beam_search, length_penalty
+from relmt.decode.constraints import allocate, unique
+from tests.test_incremental import BOS, EOS, batch, make
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def model64(mode: str = "rel"):
+    return make(mode).double()
+
+
+def contains(seq: list[int], phrase: list[int]) -> int:
+    """The index just past phrase's first occurrence in seq, or -1."""
+    for i in range(len(seq) - len(phrase) + 1):
+        if seq[i:i + len(phrase)] == phrase:
+            return i + len(phrase)
+    return -1
+
+
+def in_order(seq: list[int], phrases: list[list[int]]) -> bool:
+    for p in phrases:
+        end = contains(seq, p)
+        if end < 0:
+            return False
+        seq = seq[end:]
+    return True
+
+
+def teacher_forced(model, src: torch.Tensor, row: int, tokens: list[int]) -> tuple[float, list[float]]:
+    """log P(tokens + EOS | src[row]) by one full decoder pass, and each token's log-probability."""
+    memory, mask = model.encode(src[row:row + 1])
+    tgt = torch.tensor([[BOS, *tokens]])
+    logp = torch.log_softmax(model.decode(tgt, memory, mask)[0].double(), -1)
+    steps = logp[torch.arange(len(tokens) + 1), torch.tensor([*tokens, EOS])].tolist()
+    return sum(steps), steps
+
+
+def expected_score(model, src, row: int, tokens: list[int], limit: int) -> float:
+    """log P(y) / lp(|y|) by teacher forcing: with EOS, or as the search scores a hypothesis cut at its step
+    limit, without it."""
+    total, steps = teacher_forced(model, src, row, tokens)
+    if len(tokens) == limit:
+        return (total - steps[-1]) / length_penalty(len(tokens), 0.6)
+    return total / length_penalty(len(tokens) + 1, 0.6)
+
+
+def limit_of(src, row: int, needed: int = 0) -> int:
+    return max(int((src[row] != 0).sum()) + 6, needed)
+
+
+def search(model, src, beam=4, **kw):
+    return beam_search(model, src, beam, BOS, EOS, lenpen=0.6, max_len_a=1.0, max_len_b=6, nbest=beam, **kw)
+
+
+@pytest.mark.parametrize("mode", ["abs", "rel", "t5"])
+def test_an_empty_prefix_and_empty_constraint_lists_are_the_plain_search_exactly(mode):
+    model, (src, _) = model64(mode), batch()
+    plain = search(model, src)
+    assert search(model, src, prefixes=[[], [], []], constraints=[[], [], [[]]], ordered=True) == plain
+
+
+def test_a_greedy_prefix_continues_as_greedy_decoding_from_it():
+    """Beam 1 from the prefix: at each step past it, the argmax of a full teacher-forced pass."""
+    model, (src, _) = model64(), batch()
+    prefixes = [[20, 21], [7], [9, 9, 9]]
+    hyps = search(model, src, beam=1, prefixes=prefixes)
+    for row, (prefix, h) in enumerate(zip(prefixes, hyps)):
+        out, memory, mask = list(prefix), *model.encode(src[row:row + 1])
+        limit = max(int((src[row] != 0).sum()) + 6, len(prefix) + 1)
+        while len(out) < limit:
+            logits = model.decode(torch.tensor([[BOS, *out]]), memory, mask)[0, -1]
+            logits[[0, BOS]] = float("-inf")
+            nxt = int(logits.argmax())
+            if nxt == EOS:
+                break
+            out.append(nxt)
+        assert h[0].tokens == out
+
+
+@pytest.mark.parametrize("mode", ["abs", "rel", "both"])
+def test_prefixed_hypotheses_begin_with_the_prefix_and_score_as_teacher_forcing(mode):
+    model, (src, _) = model64(mode), batch()
+    prefixes = [[20, 21, 22], [], [13]]
+    for row, hyps in enumerate(search(model, src, prefixes=prefixes)):
+        assert hyps
+        for h in hyps:
+            assert h.tokens[:len(prefixes[row])] == prefixes[row]
+            expected = expected_score(model, src, row, h.tokens, limit_of(src, row, len(prefixes[row]) + 1))
+            assert h.score == pytest.approx(expected, abs=1e-5)  # the search adds float32 log-probabilities
+
+
+def test_a_prefix_longer_than_the_step_limit_still_fits():
+    model, (src, _) = model64(), batch()
+    prefix = list(range(4, 24))  # 20 tokens; the limit of the second source is 2 + 6
+    hyps = search(model, src, prefixes=[[], prefix, []])
+    assert all(h.tokens[:20] == prefix for h in hyps[1])
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("mode", ["abs", "rel"])
+def test_every_finished_hypothesis_holds_every_constraint(mode, ordered):
+    model, (src, _) = model64(mode), batch()
+    constraints = [[[31, 32], [38]], [[17]], [[25, 26, 27], [8], [33, 34]]]
+    hyps = search(model, src, constraints=constraints, ordered=ordered)
+    for row, hs in enumerate(hyps):
+        assert hs
+        for h in hs:
+            assert h.unmet == 0
+            assert all(contains(h.tokens, p) >= 0 for p in constraints[row]), (h.tokens, constraints[row])
+            if ordered:
+                assert in_order(h.tokens, constraints[row])
+            needed = sum(map(len, constraints[row])) + 1
+            assert h.score == pytest.approx(expected_score(model, src, row, h.tokens, limit_of(src, row, needed)),
+                                            abs=1e-5)
+
+
+def test_a_sentence_without_constraints_in_a_constrained_batch_gets_the_plain_search():
+    model, (src, _) = model64(), batch()
+    plain = search(model, src)
+    mixed = search(model, src, constraints=[[[31, 32]], [], [[38]]])
+    assert mixed[1] == plain[1]
+
+
+def test_constraints_and_a_prefix_together():
+    model, (src, _) = model64(), batch()
+    hyps = search(model, src, prefixes=[[9, 10], [], []], constraints=[[[31]], [[17, 18]], []])
+    assert all(h.tokens[:2] == [9, 10] and 31 in h.tokens for h in hyps[0])
+    assert all(contains(h.tokens, [17, 18]) >= 0 for h in hyps[1])
+
+
+def test_allocate_takes_the_banks_in_turn_most_met_first():
+    scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, -0.5]])
+    banks = torch.tensor([[0, 0, 1, 1, 2, 0]])
+    live = torch.tensor([[True, True, True, True, True, False]])  # the best one is an EOS
+    assert allocate(scores, banks, live, 4).tolist() == [[4, 2, 0, 3]]
+
+
+def test_unique_keeps_the_first_of_each_row_and_token():
+    rows, tokens = torch.tensor([[0, 1, 0, 0, 1]]), torch.tensor([[5, 5, 5, 6, 5]])
+    assert unique(rows, tokens, 10).tolist() == [[True, True, False, True, False]]
