@@ -407,6 +407,10 @@ class DecodeConfig:
     topp: float = 1.0  # sampling only: keep the smallest set holding this probability; 1 = no cut
     temperature: float = 1.0  # sampling only: logits are divided by it (> 0)
     seed: int = 1  # sampling only: draws are a function of (seed, line, sample, step)
+    # Word alignments (alignments=true) read the cross-attention of this decoder layer, heads averaged; negative
+    # counts from the top (-1: the last). The default aligned best on the toy corpus's valid split
+    # (docs/results/decoding/alignments.md).
+    alignment_layer: int = -1
 
     def __post_init__(self) -> None:
         _check(self.beam >= 1, "decode.beam", f"must be >= 1, got {self.beam}")

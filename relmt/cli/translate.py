@@ -18,6 +18,12 @@ class TranslateArgs:
     input: str = ""  # default: stdin
     output: str = ""  # default: stdout
     reference: str = ""  # score this file's lines as translations of the input's (forced decoding)
+    # What a translator's tools ask of a decoder (issue 60; beam search, engine torch, onnx or aoti):
+    constraints: str = ""  # ordered | unordered: each input line is the source, then TAB-separated target phrases
+    prefix: str = ""  # a file of target prefixes, one per input line (blank: none), each output begins with
+    alignments: bool = False  # append a TAB and the Pharaoh source-target word links ("0-0 1-2 ...")
+    token_scores: bool = False  # append a TAB and each output piece's log-probability, then EOS's
+    alignment_layer: int | None = None  # the decoder layer alignments read (decode.alignment_layer)
     # decoding: unset (None) keeps the checkpoint's decode config
     beam: int | None = None
     lenpen: float | None = None
@@ -42,8 +48,8 @@ class TranslateArgs:
 
 
 TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "length_norm", "nbest", "max_source_tokens", "max_len_a", "max_len_b",
-                         "eos_candidates",
-                         "max_source_len", "sampling", "topk", "topp", "temperature", "seed")
+                         "eos_candidates", "max_source_len", "sampling", "topk", "topp", "temperature", "seed",
+                         "alignment_layer")
 # Keys that relmt-translate once took, and what they are called now (issue 13: max_tokens counted
 # padded source + target tokens in training and source tokens in decoding, under one name).
 TRANSLATE_RENAMED_KEYS = {"max_tokens": "max_source_tokens"}
@@ -81,13 +87,13 @@ def read_input(path: str, buffer_lines: int = 2000) -> Iterator[tuple[int, list[
     return chunks()
 
 
-def misaligned(name: str, lines: int, reference: str, references: int) -> UserError:
-    return UserError(f"{name} has {lines} lines but reference={reference} has {references}: scoring needs one "
-                     "reference line per input line")
+def misaligned(name: str, lines: int, reference: str, references: int, key: str = "reference") -> UserError:
+    return UserError(f"{name} has {lines} lines but {key}={reference} has {references}: {key} needs one line per "
+                     "input line")
 
 
-def read_references(reference: str, source: str) -> list[str]:
-    """The lines of the reference file, checked against the line count of the source file (stdin is
+def read_references(reference: str, source: str, key: str = "reference") -> list[str]:
+    """The lines of the reference (or prefix) file, checked against the line count of the source file (stdin is
     checked while it is read)."""
     from pathlib import Path
 
@@ -98,8 +104,29 @@ def read_references(reference: str, source: str) -> list[str]:
         with open(source, "rb") as f:  # lines as read_input splits them
             lines = sum(1 for _ in f)
         if lines != len(refs):
-            raise misaligned(source, lines, reference, len(refs))
+            raise misaligned(source, lines, reference, len(refs), key)
     return refs
+
+
+def split_constraints(lines: list[str], name: str, first: int) -> tuple[list[str], list[list[str]]]:
+    """fairseq's --constraints input: each line the source, then TAB-separated target phrases (blank ones are
+    refused, naming the line)."""
+    sources, phrases = [], []
+    for i, line in enumerate(lines):
+        source, *wanted = line.split("\t")
+        if any(not w.strip() for w in wanted):
+            raise UserError(f"{name}:{first + i}: an empty constraint (two TABs in a row, or a TAB at the end); "
+                            "give the source, then each target phrase after a TAB")
+        sources.append(source)
+        phrases.append(wanted)
+    return sources, phrases
+
+
+def columns(text: str, t) -> str:
+    """A translation and, where asked, TAB, its word alignment and TAB, its token scores."""
+    extra = ([t.alignment] if t.alignment is not None else []) + \
+        ([" ".join(f"{x:.4f}" for x in t.token_scores)] if t.token_scores is not None else [])
+    return "\t".join([text, *extra])
 
 
 def decode_with_overrides(decode, overrides: dict):
@@ -161,6 +188,12 @@ def _translate(argv: list[str]) -> None:
     chunks = read_input(args.input, args.buffer_lines)  # a missing input fails before the model loads
     name = args.input if args.input not in ("", "-") else "<stdin>"
     refs = read_references(args.reference, args.input) if args.reference else None  # so does a misaligned one
+    prefixes = read_references(args.prefix, args.input, "prefix") if args.prefix else None
+    if args.constraints not in ("", "ordered", "unordered"):
+        raise UserError(f"constraints={args.constraints}: must be ordered or unordered (or unset)")
+    if refs is not None and (prefixes is not None or args.constraints or args.alignments or args.token_scores):
+        raise UserError("reference= scores given translations: prefix, constraints, alignments and token_scores "
+                        "are for translating")
     tune_cpu()  # the command owns its process; the Translator API leaves this to its caller
     translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
                                              compile=args.compile, engine=args.engine)
@@ -173,11 +206,18 @@ def _translate(argv: list[str]) -> None:
         if refs is not None:  # forced decoding: one score line per input line
             scores = translator.score(lines, refs[first - 1:first - 1 + len(lines)], name=name, first_line=first)
             return "".join(f"{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\n" for s in scores)
-        results = translator.translate_nbest(lines, name=name, first_line=first)
+        constraints = None
+        if args.constraints:
+            lines, constraints = split_constraints(lines, name, first)
+        if prefixes is not None and first - 1 + len(lines) > len(prefixes):
+            raise misaligned(name, first - 1 + len(lines), args.prefix, len(prefixes), "prefix")
+        results = translator.translations(lines, prefixes[first - 1:first - 1 + len(lines)] if prefixes else None,
+                                          constraints, args.constraints == "ordered", args.alignments,
+                                          args.token_scores, name=name, first_line=first)
         if translator.decode.nbest == 1:
-            return "".join((hyps[0][0] if hyps else "") + "\n" for hyps in results)
-        return "".join(f"{first - 1 + i}\t{score:.4f}\t{hyp}\n"
-                       for i, hyps in enumerate(results) for hyp, score in hyps)
+            return "".join((columns(hyps[0].text, hyps[0]) if hyps else "") + "\n" for hyps in results)
+        return "".join(f"{first - 1 + i}\t{t.score:.4f}\t{columns(t.text, t)}\n"
+                       for i, hyps in enumerate(results) for t in hyps)
 
     out = None
     read = 0  # input lines read so far
@@ -195,6 +235,8 @@ def _translate(argv: list[str]) -> None:
                 bar.update(len(lines))
             if refs is not None and read < len(refs):
                 raise misaligned(name, read, args.reference, len(refs))
+            if prefixes is not None and read < len(prefixes):
+                raise misaligned(name, read, args.prefix, len(prefixes), "prefix")
             if out is None and args.output:  # empty input: an empty output file
                 out = open(args.output, "w", encoding="utf-8")
         finally:

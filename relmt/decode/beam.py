@@ -136,6 +136,7 @@ class Hypothesis:
     tokens: list[int]  # output ids without BOS/EOS
     score: float  # log P(y) / lp(|y|)
     unmet: int = 0  # constraints it misses: only where its step limit left no room (relmt/decode/constraints.py)
+    eos: bool = True  # whether it ended with EOS (False: cut at its step limit; its score has no EOS term)
 
 
 def pick(flag: bool | Tensor, yes, no) -> Tensor:
@@ -164,11 +165,12 @@ def live_and_finishing(cand: Tensor, token: Tensor, last: Tensor, eos_id: int, t
 def finished_hypotheses(scores: Tensor, tokens: Tensor, drop: tuple[int, ...], unmet: Tensor | None = None,
                         ) -> list[list[Hypothesis]]:
     """Each sentence's pool (scores (n, K), tokens (n, K, L), the constraints each misses (n, K)) as hypotheses,
-    best first, without the empty slots (-inf) and the `drop` ids (EOS, padding). Where a sentence has a hypothesis
-    holding every constraint, those that miss one (cut at the step limit) are dropped."""
+    best first, without the empty slots (-inf) and the `drop` ids (EOS first, padding). Where a sentence has a
+    hypothesis holding every constraint, those that miss one (cut at the step limit) are dropped."""
     missed = unmet.tolist() if unmet is not None else [[0] * scores.shape[1]] * scores.shape[0]
-    out = [[Hypothesis([x for x in seq if x not in drop], sc, u) for sc, seq, u in zip(row_scores, row_tokens, row_u)
-            if sc != float("-inf")] for row_scores, row_tokens, row_u in zip(scores.tolist(), tokens.tolist(), missed)]
+    out = [[Hypothesis([x for x in seq if x not in drop], sc, u, drop[0] in seq)
+            for sc, seq, u in zip(row_scores, row_tokens, row_u) if sc != float("-inf")]
+           for row_scores, row_tokens, row_u in zip(scores.tolist(), tokens.tolist(), missed)]
     return [[h for h in hs if not h.unmet] if any(not h.unmet for h in hs) else hs for hs in out]
 
 

@@ -14,15 +14,23 @@ decode.max_source_len tokens, with the warning decoding gives. Pairs are sorted 
 batched so that batch size x (longest source + longest reference), EOS, BOS and padding included,
 stays within decode.max_source_tokens (a longer pair gets a batch of its own). The model is a
 `Transformer` or an `Ensemble` (whose distribution is the mean of its models').
+
+The same pass annotates translations (issue 60): with `token_scores`, each token's log-probability
+(and EOS's), whose sum is log P(y | x); with `attention_layer`, the cross-attention weights of that
+decoder layer, its heads averaged (an ensemble's models averaged too), from which word alignments
+are read (relmt.decode.alignment). Annotating a search's output this way serves every engine and
+search alike, as OpenNMT-py's report_align does with its own forward pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from relmt.data.batching import token_batches
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -35,19 +43,40 @@ from relmt.model.transformer import Transformer
 class ReferenceScore:
     logprob: float  # log P(y | x), natural log, summed over the reference's tokens and EOS
     tokens: int  # |y| + 1: the reference's tokens and EOS
+    token_logprobs: tuple[float, ...] | None = None  # each of the |y| + 1 terms of logprob, with token_scores
+    attention: np.ndarray | None = None  # (|y| + 1, |x| + 1) cross-attention, with attention_layer
 
     @property
     def per_token(self) -> float:
         return self.logprob / self.tokens
 
 
+def attention_hooks(model: Transformer | Ensemble, layer: int, stack: ExitStack) -> list[Tensor]:
+    """Capture the cross-attention weights of decoder layer `layer` (negative: from the top) of each model, heads
+    averaged, into the returned list (one (B, T, S) tensor per model and pass) while `stack` is open."""
+    captured: list[Tensor] = []
+    for m in (model.models if isinstance(model, Ensemble) else [model]):
+        if not -len(m.decoder_layers) <= layer < len(m.decoder_layers):
+            raise ValueError(f"alignment layer {layer}: the model has {len(m.decoder_layers)} decoder layers")
+        attn = m.decoder_layers[layer].cross_attn
+
+        def hook(module, args, kwargs, output, attn=attn):
+            x, k = args[0], args[1]
+            captured.append(attn.probabilities(x, k, kwargs.get("mask")).mean(1))
+        stack.enter_context(attn.register_forward_hook(hook, with_kwargs=True))
+    return captured
+
+
 @torch.no_grad()
 def score_references(model: Transformer | Ensemble, sources: Sequence[np.ndarray | list[int]],
                      references: Sequence[np.ndarray | list[int]], max_source_len: int, max_tokens: int,
                      device: torch.device, autocast_dtype: torch.dtype | None = None, name: str = "input",
-                     first_line: int = 1) -> list[ReferenceScore]:
+                     first_line: int = 1, token_scores: bool = False, attention_layer: int | None = None,
+                     ) -> list[ReferenceScore]:
     """log P(reference | source) of each pair, in input order. sources, references: token ids
-    without EOS (appended here); the warning about a cut source names line `first_line + i` of `name`."""
+    without EOS (appended here); the warning about a cut source names line `first_line + i` of `name`.
+    token_scores: also each token's log-probability; attention_layer: also that decoder layer's
+    cross-attention (see the module's docstring)."""
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} sources but {len(references)} references")
     src_lens = capped_lengths(sources, max_source_len, name, first_line) + 1  # EOS
@@ -69,13 +98,17 @@ def score_references(model: Transformer | Ensemble, sources: Sequence[np.ndarray
             # PAD: masked below, and under causal attention it changes no earlier position
             tgt_in, tgt_out = tgt_t[:, :-1], tgt_t[:, 1:]
             with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                enabled=autocast_dtype is not None):
+                                enabled=autocast_dtype is not None), ExitStack() as stack:
+                captured = attention_hooks(model, attention_layer, stack) if attention_layer is not None else []
                 memory, src_mask = model.encode(src_t)
                 logits = model.decode(tgt_in, memory, src_mask)  # (B, T, V)
             lprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out[:, :, None])[:, :, 0]
-            total = lprobs.double().masked_fill(tgt_out == PAD_ID, 0.0).sum(dim=1)  # (B,)
-            for i, value in zip(index, total.tolist()):
-                results[i] = ReferenceScore(value, int(tgt_lens[i]))
+            steps = lprobs.double().masked_fill(tgt_out == PAD_ID, 0.0)  # (B, T)
+            weights = torch.stack(captured).mean(0).float().numpy(force=True) if captured else None  # (B, T, S)
+            for row, (i, value) in enumerate(zip(index, steps.sum(dim=1).tolist())):
+                n, m = int(src_lens[i]), int(tgt_lens[i])
+                results[i] = ReferenceScore(value, m, tuple(steps[row, :m].tolist()) if token_scores else None,
+                                            weights[row, :m, :n] if weights is not None else None)
     finally:
         model.train(was_training)
     return results

@@ -117,8 +117,8 @@ def sample(model: Transformer | Ensemble, src: Tensor, lines: Tensor, samples: i
             for i in done.nonzero()[:, 0].tolist():
                 order = scores[i].argsort(descending=True, stable=True)[:nbest].tolist()
                 results[int(sentence[i])] = [
-                    Hypothesis([x for x in seqs[i, j].tolist() if x not in (eos_id, pad_id)], float(scores[i, j]))
-                    for j in order]
+                    Hypothesis([x for x in seqs[i, j].tolist() if x not in (eos_id, pad_id)], float(scores[i, j]),
+                               eos=eos_id in seqs[i, j].tolist()) for j in order]
             rows = (~done).repeat_interleave(k)
             sentence, memory, src_mask = sentence[~done], memory[~done], src_mask[~done]
             tokens, logp, length, finished = tokens[rows], logp[rows], length[rows], finished[rows]

@@ -26,6 +26,7 @@ from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import Hypothesis, beam_search
 from relmt.decode.ensemble import Ensemble
 from relmt.decode.sampling import sample
+from relmt.errors import UserError
 from relmt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,18 @@ def output_weight(model: Transformer | Ensemble, device: torch.device) -> Tensor
 
 
 def nbest_search(model: Transformer | Ensemble, src: Tensor, cfg: DecodeConfig,
-                 out_weight: Tensor | tuple | None = None, lines: Tensor | None = None) -> list[list[Hypothesis]]:
+                 out_weight: Tensor | tuple | None = None, lines: Tensor | None = None,
+                 prefixes: Sequence[Sequence[int]] | None = None,
+                 constraints: Sequence[Sequence[Sequence[int]]] | None = None, ordered: bool = False,
+                 ) -> list[list[Hypothesis]]:
     """The cfg.nbest best hypotheses (ids and score) of each row of src (B, S), best first.
 
     Beam 1 is greedy decoding: a beam of one that only lets an EOS ranked first finish (fairseq's
     rule) and stops at its first finished hypothesis. Under t2t's rule an EOS ranked second would
     also finish, and the result would no longer be the argmax path (relmt/decode/beam.py).
     With cfg.sampling, the nbest best of cfg.beam samples per row; lines (B,) are the rows' input
-    line numbers that seed their draws (default 1..B)."""
+    line numbers that seed their draws (default 1..B). prefixes, constraints, ordered: what each row's output must
+    begin with and contain (relmt/decode/constraints.py; beam search only)."""
     if cfg.sampling:
         if lines is None:
             lines = torch.arange(1, src.shape[0] + 1)
@@ -68,7 +73,8 @@ def nbest_search(model: Transformer | Ensemble, src: Tensor, cfg: DecodeConfig,
     return beam_search(model, src, cfg.beam, BOS_ID, EOS_ID, cfg.lenpen, cfg.max_len_a, cfg.max_len_b,
                        nbest=cfg.nbest, early_stop=cfg.early_stop or greedy, min_len=cfg.min_len,
                        eos_candidates=EosCandidates.fairseq if greedy else cfg.eos_candidates,
-                       out_weight=out_weight, length_norm=cfg.length_norm)
+                       out_weight=out_weight, length_norm=cfg.length_norm, prefixes=prefixes,
+                       constraints=constraints, ordered=ordered)
 
 
 def capped_lengths(sources: Sequence[np.ndarray | list[int]], cap: int, name: str, first_line: int) -> np.ndarray:
@@ -86,7 +92,9 @@ def capped_lengths(sources: Sequence[np.ndarray | list[int]], cap: int, name: st
 @torch.no_grad()
 def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray | list[int]], cfg: DecodeConfig,
                    device: torch.device, autocast_dtype: torch.dtype | None = None, name: str = "input",
-                   first_line: int = 1, progress: bool = False) -> list[list[Hypothesis]]:
+                   first_line: int = 1, progress: bool = False, prefixes: Sequence[Sequence[int]] | None = None,
+                   constraints: Sequence[Sequence[Sequence[int]]] | None = None, ordered: bool = False,
+                   ) -> list[list[Hypothesis]]:
     """The cfg.nbest hypotheses of each source, in input order; [] for an empty source.
 
     sources: token ids without EOS (appended here). A source longer than cfg.max_source_len tokens
@@ -94,7 +102,10 @@ def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray |
     `name`. Batches hold at most cfg.max_source_tokens source tokens (EOS and padding included) and
     at most cfg.max_sentences sentences (0 = no cap), and run under autocast to `autocast_dtype`
     (None: the model's own precision). With cfg.sampling, line first_line + i seeds the samples of
-    source i, whatever batch it lands in."""
+    source i, whatever batch it lands in. prefixes[i] and constraints[i]: ids source i's output must begin with and
+    contain (in order if `ordered`; relmt/decode/constraints.py), beam search only."""
+    if cfg.sampling and (any(prefixes or ()) or any(constraints or ())):
+        raise UserError("a target prefix and constraints need beam search: decode.sampling=true cannot force them")
     lens = capped_lengths(sources, cfg.max_source_len, name, first_line)
     todo = np.flatnonzero(lens)  # an empty source gives no hypotheses (an empty line, an empty output)
     results: list[list[Hypothesis]] = [[] for _ in sources]
@@ -115,7 +126,9 @@ def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray |
             with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                                 enabled=autocast_dtype is not None):
                 hyps = nbest_search(model, torch.from_numpy(src).to(device), cfg, weight,
-                                    torch.from_numpy(index + first_line))
+                                    torch.from_numpy(index + first_line),
+                                    [prefixes[i] for i in index] if prefixes is not None else None,
+                                    [constraints[i] for i in index] if constraints is not None else None, ordered)
             for i, h in zip(index, hyps):
                 results[i] = h
     finally:

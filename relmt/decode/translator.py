@@ -5,6 +5,8 @@
     ensemble = Translator.from_checkpoints(["a/best.pt", "b/best.pt"])  # mean of their probabilities
     translator.translate(["the dog saw the cat"], sampling=True, beam=1, topk=10, seed=3)
     translator.score(["the dog saw the cat"], ["der hund sah die katze"])  # log P(reference | source)
+    translator.translations(["the dog saw the cat"], prefixes=["der"], constraints=[["katze"]],
+                            alignments=True, token_scores=True)  # what translators ask of a decoder
 
 The checkpoint alone is enough: it holds the config and the sentencepiece model (its path, hash
 and bytes; the bytes serve when the file has moved or changed). Decoding settings are the
@@ -32,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -40,6 +42,7 @@ import torch
 from relmt import checkpoint
 from relmt.config import DecodeConfig, Precision, from_dict
 from relmt.data.tokenizer import PAD_ID, Tokenizer
+from relmt.decode.alignment import pharaoh, word_links
 from relmt.decode.beam import Hypothesis
 from relmt.decode.compiled import compile_decoding
 from relmt.decode.ensemble import Ensemble
@@ -72,6 +75,18 @@ def check_same_vocabulary(path: str | Path, ck: dict, first: str | Path, first_s
     raise UserError(f"{path}: its vocabulary differs from {first}'s (sentencepiece model sha256 "
                     f"{hashlib.sha256(spm).hexdigest()[:12]} vs {hashlib.sha256(first_spm).hexdigest()[:12]}; "
                     f"{sizes}); the models of an ensemble must share one vocabulary")
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One hypothesis as a translator's tools take it (issue 60)."""
+
+    text: str
+    score: float  # log P(y) / lp(|y|), the search's score
+    pieces: list[str]  # the output's sentencepiece pieces
+    token_scores: list[float] | None = None  # log p of each piece, then EOS's (none if cut at the step limit)
+    alignment: str | None = None  # Pharaoh "i-j" links, source word i to target word j (relmt.decode.alignment)
+    unmet: int = 0  # constraints it misses: only where the step limit left no room for them
 
 
 class Translator:
@@ -180,19 +195,74 @@ class Translator:
                 for hs in results]
 
     def hypotheses(self, sentences: list[str], progress: bool = False, name: str = "input", first_line: int = 1,
-                   **decode: object) -> list[list[Hypothesis]]:
+                   prefixes: Sequence[str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
+                   ordered: bool = False, **decode: object) -> list[list[Hypothesis]]:
         """The `nbest` hypotheses (output ids and score) of each sentence; [] for an empty line.
-        Sentence i is line first_line + i of `name` in the warning about a truncated source."""
-        if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
-            raise UserError(f"expected a list of sentences (str), got {type(sentences).__name__}"
-                            + (f" of {type(next(s for s in sentences if not isinstance(s, str))).__name__}"
-                               if not isinstance(sentences, str) else " (translate() takes a single string)"))
+        Sentence i is line first_line + i of `name` in the warning about a truncated source.
+        prefixes[i]: target text sentence i's output begins with; constraints[i]: target words or phrases it
+        must contain, in that order if `ordered` (relmt/decode/constraints.py)."""
         cfg = replace(self.decode, **decode)
-        ids = [x if s.strip() else [] for s, x in zip(sentences, self.tokenizer.encode(sentences))]
+        ids = self._encode(sentences, "sentences")
+        prefix_ids = self._encode(prefixes, "prefixes", len(sentences)) if prefixes is not None else None
+        constraint_ids = None
+        if constraints is not None:  # each phrase encoded alone, as the words it will be inside a sentence
+            if len(constraints) != len(sentences) or any(isinstance(c, str) for c in constraints):
+                raise UserError(f"constraints: give one list of target phrases per sentence ({len(sentences)}), "
+                                "e.g. [[\"Katze\"], []]")
+            constraint_ids = [self._encode(list(c), f"constraint phrases of sentence {i + 1}") for i, c in
+                              enumerate(constraints)]
         if self.ct2 is not None:
-            return self.ct2.hypotheses(ids, self.tokenizer, cfg)
+            if constraint_ids is not None and any(constraint_ids):
+                raise UserError("engine=ctranslate2 has no lexically constrained search: constraints work on "
+                                "engine=torch, onnx and aoti")
+            return self.ct2.hypotheses(ids, self.tokenizer, cfg, prefix_ids)
         return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
-                              first_line=first_line, progress=progress)
+                              first_line=first_line, progress=progress, prefixes=prefix_ids,
+                              constraints=constraint_ids, ordered=ordered)
+
+    def _encode(self, texts: Sequence[str] | str, what: str, expected: int | None = None) -> list[list[int]]:
+        """Each text's ids, [] for a blank one; a list of str is required (and `expected` of them)."""
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise UserError(f"expected a list of {what} (str), got {type(texts).__name__}"
+                            + (f" of {type(next(t for t in texts if not isinstance(t, str))).__name__}"
+                               if not isinstance(texts, str) else " (translate() takes a single string)"))
+        if expected is not None and len(texts) != expected:
+            raise UserError(f"{what}: {len(texts)} given for {expected} sentences; give one per sentence")
+        return [x if t.strip() else [] for t, x in zip(texts, self.tokenizer.encode(list(texts)))]
+
+    def translations(self, sentences: list[str], prefixes: Sequence[str] | None = None,
+                     constraints: Sequence[Sequence[str]] | None = None, ordered: bool = False,
+                     alignments: bool = False, token_scores: bool = False, progress: bool = False,
+                     name: str = "input", first_line: int = 1, **decode: object) -> list[list[Translation]]:
+        """The `nbest` translations of each sentence, best first ([] for an empty line), with what a translator's
+        tools ask of a decoder (issue 60): a target prefix each output begins with, target phrases it must
+        contain (`ordered`: in the given order), each output piece's log-probability (`token_scores`) and
+        source-target word alignments (`alignments`). Scores and alignments come from one teacher-forced pass of
+        relmt's own modules over the outputs, whatever engine searched (relmt/decode/reference.py)."""
+        results = self.hypotheses(sentences, progress, name, first_line, prefixes, constraints, ordered, **decode)
+        cfg = replace(self.decode, **decode)
+        flat = [(i, h) for i, hs in enumerate(results) for h in hs]
+        notes = [None] * len(flat)
+        src_ids = self._encode(sentences, "sentences") if token_scores or alignments else []
+        if flat and (token_scores or alignments):
+            try:
+                notes = score_references(self.scorer, [src_ids[i] for i, _ in flat], [h.tokens for _, h in flat],
+                                         cfg.max_source_len, cfg.max_source_tokens, self.device, self.autocast_dtype,
+                                         name=name, first_line=first_line, token_scores=token_scores,
+                                         attention_layer=cfg.alignment_layer if alignments else None)
+            except ValueError as exc:  # an alignment layer the model does not have
+                raise UserError(f"decode.alignment_layer={cfg.alignment_layer}: {exc}") from None
+        sp = self.tokenizer.sp
+        src_pieces = [[sp.id_to_piece(t) for t in x] for x in src_ids]
+        texts = self.tokenizer.decode([h.tokens for _, h in flat]) if flat else []
+        out: list[list[Translation]] = [[] for _ in sentences]
+        for (i, h), text, note in zip(flat, texts, notes):
+            pieces = [sp.id_to_piece(t) for t in h.tokens]
+            steps = list(note.token_logprobs[: len(h.tokens) + h.eos]) if token_scores else None
+            links = pharaoh(word_links(note.attention, src_pieces[i][: cfg.max_source_len or None], pieces)) \
+                if alignments else None
+            out[i].append(Translation(text, h.score, pieces, steps, links, h.unmet))
+        return out
 
     def score(self, sources: list[str], references: list[str], name: str = "input", first_line: int = 1,
               ) -> list[ReferenceScore]:

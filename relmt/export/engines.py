@@ -350,8 +350,9 @@ class Ct2Model:
         self.translator = ctranslate2.Translator(str(target), device="cpu", intra_threads=threads or
                                                  torch.get_num_threads())
 
-    def hypotheses(self, ids: list[list[int]], tokenizer, cfg) -> list[list]:
-        """The cfg.nbest (ids, score) hypotheses of each source (ids without EOS), [] for an empty one."""
+    def hypotheses(self, ids: list[list[int]], tokenizer, cfg, prefixes: list[list[int]] | None = None) -> list[list]:
+        """The cfg.nbest (ids, score) hypotheses of each source (ids without EOS), [] for an empty one; prefixes[i]:
+        the ids source i's output begins with (CTranslate2's target_prefix)."""
         from relmt.decode.beam import Hypothesis
         from relmt.export.decoding import decode_options
 
@@ -362,6 +363,8 @@ class Ct2Model:
         sp = tokenizer.sp
         pieces = [[sp.id_to_piece(t) for t in ids[i]] for i in todo]
         options = decode_options(cfg, max(len(p) for p in pieces))
+        if prefixes is not None and any(prefixes):
+            options["target_prefix"] = [[sp.id_to_piece(t) for t in prefixes[i]] or None for i in todo]
         results = self.translator.translate_batch(pieces, return_scores=True, max_batch_size=cfg.max_source_tokens,
                                                   batch_type="tokens", **options)
         for i, result in zip(todo, results):

@@ -97,6 +97,16 @@ class MultiHeadAttention(nn.Module):
         q, k, v = linear(x, torch.cat((w_q, self.kv_proj.weight)), bias).chunk(3, dim=-1)
         return rotate(self._split(q), terms.rotary), rotate(self._split(k), terms.rotary), self._split(v)
 
+    def probabilities(self, x: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The attention weights alpha_ij (B, H, n, m) of queries x (B, n, d_model) over keys k (B, H, m, D), for
+        attention without positions (cross-attention, Shaw §3): softmax of q_i·k_j / sqrt(d_z), masked by the
+        keep-mask. The weights `forward` averages the values with, computed apart (word alignments, issue 60)."""
+        q = self._split(linear(x, *self.scaled_query_weights()))
+        logits = (q @ k.transpose(-1, -2)).float()
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        return torch.softmax(logits, dim=-1)
+
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, q_offset: int = 0, terms: PositionTerms = NO_TERMS,
                 q: Tensor | None = None) -> Tensor:
