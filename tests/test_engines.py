@@ -1,6 +1,7 @@
 """The inference engines (issue 33): relmt's searches on the graphs exported to ONNX Runtime and compiled by
 AOTInductor decode as eager relmt does, token for token, with scores within 1e-4, in every position mode and
-norm, on random models and on a trained one; one CLI and one API choose the engine.
+norm, on random models and on a trained one, with a forced prefix and constraints too (issue 60); one CLI and
+one API choose the engine.
 
 An AOTInductor compile takes 20-40 s, so make test compiles three models (t5, the trained per-head model and
 the CLI's); the other ten configurations and relmt-export format=aoti are marked exhaustive, a sweep make test
@@ -57,8 +58,10 @@ def test_the_engine_decodes_as_eager_relmt(engine, case, tokenizer, tmp_path):
     eager = Translator(model, tokenizer, DECODE, torch.device("cpu"))
     other = Translator(ENGINES[engine](model, tmp_path / engine), tokenizer, DECODE, torch.device("cpu"))
     # max_sentences=1: a sentence alone, 4 rows a step, which aoti's search_small.pt2 runs (relmt/export/aoti.py)
+    forced = {"prefixes": ["the dog"] + [""] * (len(SENTENCES) - 1),  # issue 60: off the fused search step
+              "constraints": [["cat", "sat"]] + [[]] * (len(SENTENCES) - 2) + [["bird"]], "ordered": True}
     for options in ({}, {"eos_candidates": EosCandidates.fairseq, "beam": 2, "nbest": 2}, {"beam": 1, "nbest": 1},
-                    {"sampling": True, "beam": 3, "nbest": 3, "topk": 5}, {"max_sentences": 1}):
+                    {"sampling": True, "beam": 3, "nbest": 3, "topk": 5}, {"max_sentences": 1}, forced):
         mine, theirs = eager.hypotheses(SENTENCES, **options), other.hypotheses(SENTENCES, **options)
         for a, b in zip(mine, theirs):
             assert [h.tokens for h in a] == [h.tokens for h in b], (case, options)
