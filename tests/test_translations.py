@@ -119,3 +119,25 @@ def test_relmt_translate_reads_fairseqs_constraints_and_appends_columns(ckpt, tm
     assert guarded("relmt-translate", _translate, [f"checkpoint={ckpt}", f"input={src}",
                                                     "constraints=ordered"]) == 2
     assert f"{src}:1: an empty constraint" in capsys.readouterr().err
+
+
+def test_an_ensemble_annotates_with_its_mixed_distribution_and_averaged_attention(tmp_path):
+    """Two models of different depths: token scores sum to the ensemble's score, alignments read each model's
+    layer (from the top) averaged, and a prefix and constraints hold."""
+    from tests.tiny_checkpoints import model_config, toy_tokenizer, write_checkpoint
+
+    spm = toy_tokenizer(tmp_path)
+    cks = [write_checkpoint(tmp_path / f"m{i}", "model.pt", spm, seed=i, model=model_config(decoder_layers=1 + i))
+           for i in (1, 2)]
+    ensemble = Translator.from_checkpoints(cks)
+    got = ensemble.translations(SENTENCES[:3], prefixes=["the", "", ""], constraints=[[], ["cat"], []],
+                                alignments=True, token_scores=True, nbest=2, beam=4)
+    cfg = ensemble.decode
+    for hyps in got:
+        for t in hyps:
+            lp = length_penalty(len(t.token_scores), cfg.lenpen, cfg.length_norm)
+            assert sum(t.token_scores) == pytest.approx(t.score * lp, abs=1e-4)
+            assert PHARAOH.match(t.alignment)
+    assert all(t.text.startswith("the") for t in got[0]) and all("cat" in t.text for t in got[1])
+    with pytest.raises(UserError, match="alignment_layer=-3: .*2 decoder layers"):
+        ensemble.translations(SENTENCES[:1], alignments=True, alignment_layer=-3)
