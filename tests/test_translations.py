@@ -85,6 +85,8 @@ def test_bad_requests_are_refused_by_name(translator):
         translator.translations(SENTENCES, prefixes=["x"])
     with pytest.raises(UserError, match="need beam search"):
         translator.translations(SENTENCES, prefixes=["x"] * 5, sampling=True, beam=2)
+    with pytest.raises(UserError, match="constraint '€' of sentence 2: the model's vocabulary has no piece"):
+        translator.translations(SENTENCES, constraints=[[], ["€"], [], [], []])
     with pytest.raises(UserError, match="decode.alignment_layer=7: .*decoder layers"):
         translator.translations(SENTENCES, alignments=True, alignment_layer=7)
 

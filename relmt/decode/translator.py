@@ -211,6 +211,12 @@ class Translator:
                                 "e.g. [[\"Katze\"], []]")
             constraint_ids = [self._encode(list(c), f"constraint phrases of sentence {i + 1}") for i, c in
                               enumerate(constraints)]
+            unk = self.tokenizer.sp.unk_id()
+            for i, (phrases, ids_) in enumerate(zip(constraints, constraint_ids)):
+                for phrase, x in zip(phrases, ids_):
+                    if unk in x:
+                        raise UserError(f"constraint {phrase!r} of sentence {i + 1}: the model's vocabulary has no "
+                                        "piece for part of it (sentencepiece gives <unk>), so no output can hold it")
         if self.ct2 is not None:
             if constraint_ids is not None and any(constraint_ids):
                 raise UserError("engine=ctranslate2 has no lexically constrained search: constraints work on "
@@ -240,28 +246,39 @@ class Translator:
         source-target word alignments (`alignments`). Scores and alignments come from one teacher-forced pass of
         relmt's own modules over the outputs, whatever engine searched (relmt/decode/reference.py)."""
         results = self.hypotheses(sentences, progress, name, first_line, prefixes, constraints, ordered, **decode)
-        cfg = replace(self.decode, **decode)
-        flat = [(i, h) for i, hs in enumerate(results) for h in hs]
-        notes = [None] * len(flat)
-        src_ids = self._encode(sentences, "sentences") if token_scores or alignments else []
-        if flat and (token_scores or alignments):
+        src_ids = self._encode(sentences, "sentences") if token_scores or alignments else [[] for _ in sentences]
+        flat = self.annotated([(src_ids[i], h) for i, hs in enumerate(results) for h in hs], token_scores,
+                              alignments, replace(self.decode, **decode), name, first_line)
+        done = iter(flat)
+        return [[next(done) for _ in hs] for hs in results]
+
+    def annotated(self, pairs: Sequence[tuple[Sequence[int], Hypothesis]], token_scores: bool = False,
+                  alignments: bool = False, cfg: DecodeConfig | None = None, name: str = "input", first_line: int = 1,
+                  ) -> list[Translation]:
+        """Each (source ids, hypothesis) pair as a Translation, with each output piece's log-probability
+        (`token_scores`) and source-target word alignments (`alignments`) where asked: one teacher-forced pass of
+        relmt's own modules over the outputs (relmt/decode/reference.py), so it annotates whatever search made them
+        (this Translator's, another engine's, relmt-serve's running search). `cfg` (default: the Translator's)
+        gives the source cut, the batch size and the alignment layer."""
+        cfg = cfg if cfg is not None else self.decode
+        notes = [None] * len(pairs)
+        if pairs and (token_scores or alignments):
             try:
-                notes = score_references(self.scorer, [src_ids[i] for i, _ in flat], [h.tokens for _, h in flat],
+                notes = score_references(self.scorer, [x for x, _ in pairs], [h.tokens for _, h in pairs],
                                          cfg.max_source_len, cfg.max_source_tokens, self.device, self.autocast_dtype,
                                          name=name, first_line=first_line, token_scores=token_scores,
                                          attention_layer=cfg.alignment_layer if alignments else None)
             except ValueError as exc:  # an alignment layer the model does not have
                 raise UserError(f"decode.alignment_layer={cfg.alignment_layer}: {exc}") from None
         sp = self.tokenizer.sp
-        src_pieces = [[sp.id_to_piece(t) for t in x] for x in src_ids]
-        texts = self.tokenizer.decode([h.tokens for _, h in flat]) if flat else []
-        out: list[list[Translation]] = [[] for _ in sentences]
-        for (i, h), text, note in zip(flat, texts, notes):
+        texts = self.tokenizer.decode([h.tokens for _, h in pairs]) if pairs else []
+        out: list[Translation] = []
+        for (x, h), text, note in zip(pairs, texts, notes):
             pieces = [sp.id_to_piece(t) for t in h.tokens]
             steps = list(note.token_logprobs[: len(h.tokens) + h.eos]) if token_scores else None
-            links = pharaoh(word_links(note.attention, src_pieces[i][: cfg.max_source_len or None], pieces)) \
-                if alignments else None
-            out[i].append(Translation(text, h.score, pieces, steps, links, h.unmet))
+            links = pharaoh(word_links(note.attention, [sp.id_to_piece(t) for t in x[: cfg.max_source_len or None]],
+                                       pieces)) if alignments else None
+            out.append(Translation(text, h.score, pieces, steps, links, h.unmet))
         return out
 
     def score(self, sources: list[str], references: list[str], name: str = "input", first_line: int = 1,
