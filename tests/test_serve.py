@@ -279,9 +279,12 @@ class FakeTranslator:
     def encode(self, sentences: list[str]) -> list[list[int]]:
         return [[1] * len(s.split()) for s in sentences]
 
-    def translate_nbest(self, sentences: list[str]) -> list:
+    def hypotheses(self, sentences: list[str], **forced) -> list:
         self.batches.append(sentences)
-        return [[(s.upper(), -1.0)] for s in sentences]
+        return [[s.upper()] for s in sentences]
+
+    def annotated(self, pairs: list, *asked, **named) -> list:
+        return [(h, -1.0) for _, h in pairs]
 
 
 def scheduler(**kw):
@@ -386,10 +389,10 @@ def test_the_scheduler_drops_a_job_whose_client_left_and_fails_only_its_batch():
     batch = b.next_batch()
     assert batch == [kept] and b.pending == 0
 
-    def broken(sentences):
+    def broken(sentences, **forced):
         raise RuntimeError("boom")
 
-    b.translator.translate_nbest = broken
+    b.translator.hypotheses = broken
     b.decode(batch)
     with pytest.raises(Exception, match="decoding failed in a batch of 1 request.*RuntimeError: boom"):
         kept.future.result()

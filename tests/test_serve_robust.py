@@ -231,7 +231,8 @@ def test_unknown_routes_and_methods_answer_error_and_field(robust):
     (b'{"text": "a", "options": {"bem": 2}}', "options.bem",
      "options.bem: no such option (did you mean beam?); the options are beam, nbest, lenpen, length_norm, "
      "eos_candidates, sampling, topk, topp, temperature, seed"),
-    (b'{"text": "a", "txt": "b"}', "txt", "txt: no such field (did you mean text?); the fields are text, options"),
+    (b'{"text": "a", "txt": "b"}', "txt", "txt: no such field (did you mean text?); the fields are text, options, "
+     "prefix, constraints, constraints_order, alignments, token_scores"),
 ], ids=["number", "object", "item", "option typo", "field typo"])
 def test_a_wrong_type_or_a_typo_is_said_plainly(robust, raw, field, message):
     r = robust.client.post("/v1/translate", content=raw, headers={"Content-Type": "application/json"})

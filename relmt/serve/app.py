@@ -22,7 +22,7 @@ from relmt.serve.args import ServeArgs, cors_origins
 from relmt.serve.batcher import Batcher, BatchFailed, NotReady, QueueFull
 from relmt.serve.metrics import Metrics
 from relmt.serve.page import page
-from relmt.serve.requests import ApiError, parse_body
+from relmt.serve.requests import ApiError, Asks, parse_body
 from relmt.serve.security import OPEN_PATHS, authorized
 
 RETRY_AFTER_S = "1"
@@ -104,13 +104,21 @@ async def wait_for(request: Request, job) -> list:
     raise ClientLeft(dropped)
 
 
-def answer(results: list, nbest: int) -> dict:
+def answer(results: list, nbest: int, asks: Asks) -> dict:
     """Best translation and its score per sentence (score null for an empty sentence), with n-best
-    lists when nbest > 1; all in input order."""
-    body = {"translations": [hyps[0][0] if hyps else "" for hyps in results],
-            "scores": [hyps[0][1] if hyps else None for hyps in results]}
+    lists when nbest > 1; all in input order. Where asked (issue 60), the best one's word alignment
+    (`alignments`) and token scores (`token_scores`), and with constraints the count it misses (`unmet`),
+    one per sentence (null for an empty one); each n-best entry has its own `alignment`, `token_scores`, `unmet`."""
+    fields = [(plural, key) for plural, key, asked in (("alignments", "alignment", asks.alignments),
+                                                       ("token_scores", "token_scores", asks.token_scores),
+                                                       ("unmet", "unmet", asks.constraints is not None)) if asked]
+    body = {"translations": [hyps[0].text if hyps else "" for hyps in results],
+            "scores": [hyps[0].score if hyps else None for hyps in results]}
+    for plural, key in fields:
+        body[plural] = [getattr(hyps[0], key) if hyps else None for hyps in results]
     if nbest > 1:
-        body["nbest"] = [[{"translation": t, "score": s} for t, s in hyps] for hyps in results]
+        body["nbest"] = [[{"translation": t.text, "score": t.score, **{key: getattr(t, key) for _, key in fields}}
+                          for t in hyps] for hyps in results]
     return body
 
 
@@ -216,8 +224,8 @@ async def translate_response(request: Request, state: State) -> Response:
         raw = await read_body(request, state.args.max_body_bytes, state.args.request_timeout_s)
         if not batcher.ready:
             raise NotReady(batcher.load_error or "the model is loading")
-        req = parse_body(raw, state.args, batcher.default_decode)
-        job = batcher.submit(req.sentences, req.decode)
+        req = parse_body(raw, state.args, batcher.default_decode, batcher.translator.tokenizer)
+        job = batcher.submit(req.sentences, req.decode, req.asks)
     except ApiError as e:
         metrics.errors.labels("request_timeout" if e.status == 408 else "bad_request").inc()
         return error(e.status, e.message, e.field)
@@ -245,4 +253,4 @@ async def translate_response(request: Request, state: State) -> Response:
         return Response(status_code=499)  # nobody reads it: the client has gone
     finally:
         metrics.in_progress.dec()
-    return JSONResponse(answer(results, req.decode.nbest))
+    return JSONResponse(answer(results, req.decode.nbest, req.asks))

@@ -5,13 +5,19 @@ With continuous=True (relmt-serve's default) and a model the running search can 
 steps (`run_stream`, relmt/serve/stream.py): the oldest job and those with its settings, once a
 quarter as many sentences as the search holds are queued or the oldest has waited max_wait_ms, within
 max_batch_tokens source tokens counting the running ones. A job with other settings waits for the
-search to end. Otherwise it decodes batch after batch, as follows.
+search to end. A job the running search cannot take (sampling, or a target prefix or constraints, which
+change the search's steps; issue 60) is decoded batch by batch, with the jobs queued with its settings,
+while no search runs, and counted by `on_apart(reason)`. Otherwise it decodes batch after batch, as follows.
 
 A request's sentences enter a bounded queue as one Job (all of them or none: a request that does
 not fit gets QueueFull, answered 503 with Retry-After). The thread takes the oldest job and decodes
-up to max_batch_tokens source tokens of the jobs with its decoding settings as one call of
-Translator.translate_nbest, which orders and pads them into the model's own batches
+up to max_batch_tokens source tokens of the jobs with its decoding settings (and its kind of prefix or
+constraints) as one call of Translator.hypotheses, which orders and pads them into the model's own batches
 (decode.max_source_tokens).
+
+Either way the answers are Translations (relmt.decode.translator): token scores and word alignments, where a
+job asks for them, come from one teacher-forced pass over its finished hypotheses (relmt.serve.stream.annotate),
+so jobs that ask for them share batches and the running search with those that do not.
 
 How long a batch waits for more is adaptive. The clients likely to send again are those the last
 batch answered plus those already queued behind it: the decoder waits until that many jobs are
@@ -52,7 +58,8 @@ from dataclasses import astuple, dataclass, field
 
 from relmt.config import DecodeConfig
 from relmt.decode import continuous
-from relmt.serve.stream import Stream
+from relmt.serve.requests import Asks
+from relmt.serve.stream import Stream, annotate
 
 log = logging.getLogger(__name__)
 HOOKS_ENV = "RELMT_SERVE_TEST_HOOKS"
@@ -78,28 +85,39 @@ class Job:
     decode: DecodeConfig
     tokens: int = 0  # source pieces + EOS of all its sentences, counted on submit
     arrived: float = field(default_factory=time.monotonic)
-    future: Future = field(default_factory=Future)  # list[list[(text, score)]], one list per sentence
+    future: Future = field(default_factory=Future)  # list[list[Translation]], one list per sentence
+    asks: Asks = field(default_factory=Asks)  # its prefixes, constraints and annotations
+    ids: list = field(default_factory=list)  # each sentence's source ids, encoded on submit
     cancelled: bool = False
     key: tuple = ()
     results: list = field(default_factory=list)  # continuous batching: each sentence's answer as it finishes
     left: int = 0  # continuous batching: its sentences not yet finished
 
     def __post_init__(self) -> None:  # the settings a batch shares; a sampling job shares with no other
-        self.key = ("sampling", next(_ids)) if self.decode.sampling else astuple(self.decode)
+        self.key = ("sampling", next(_ids)) if self.decode.sampling else astuple(self.decode) + \
+            ((self.asks.apart, self.asks.ordered) if self.asks.apart else ())
+
+    @property
+    def apart(self) -> str | None:
+        """Why the running search cannot take it: "sampling", "constraints", "prefix"; None if it can."""
+        return "sampling" if self.decode.sampling else self.asks.apart
 
 
 class Batcher:
     """`load` builds the Translator (in the decoding thread, so that the server answers /health while a
-    model loads or an engine compiles); `on_batch(sentences, seconds)` and `on_queue(sentences)` feed
-    the metrics; `on_load_error(message)` is told when the model cannot be loaded."""
+    model loads or an engine compiles); `on_batch(sentences, seconds)`, `on_queue(sentences)` and
+    `on_apart(reason)` (a job decoded apart from the running search, Job.apart) feed the metrics;
+    `on_load_error(message)` is told when the model cannot be loaded."""
 
     def __init__(self, load: Callable, queue_size: int, max_batch_tokens: int, max_wait_ms: float,
                  on_batch: Callable[[int, float], None], on_queue: Callable[[int], None],
-                 on_load_error: Callable[[str], None], hooks: bool | None = None, continuous: bool = False) -> None:
+                 on_load_error: Callable[[str], None], hooks: bool | None = None, continuous: bool = False,
+                 on_apart: Callable[[str], None] = lambda reason: None) -> None:
         self.load, self.queue_size, self.max_batch_tokens = load, queue_size, max_batch_tokens
         self.continuous = continuous
         self.max_wait = max_wait_ms / 1000
         self.on_batch, self.on_queue, self.on_load_error = on_batch, on_queue, on_load_error
+        self.on_apart = on_apart
         self.hooks = os.environ.get(HOOKS_ENV) == "1" if hooks is None else hooks
         self.queue: deque[Job] = deque()
         self.pending = 0  # sentences in the queue
@@ -118,12 +136,12 @@ class Batcher:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, sentences: list[str], decode: DecodeConfig) -> Job:
+    def submit(self, sentences: list[str], decode: DecodeConfig, asks: Asks | None = None) -> Job:
         """Queue a request's sentences, all or none (QueueFull); NotReady before the model is loaded."""
         if not self.ready:
             raise NotReady(self.load_error or ("shutting down" if self.stopping else "the model is loading"))
-        tokens = sum(len(ids) + 1 for ids in self.translator.tokenizer.encode(sentences))
-        job = Job(sentences, decode, tokens)
+        ids = self.translator.tokenizer.encode(sentences)
+        job = Job(sentences, decode, sum(len(x) + 1 for x in ids), asks=asks or Asks(), ids=ids)
         with self.cond:
             if self.pending + len(sentences) > self.queue_size:
                 raise QueueFull(f"{self.pending} sentences are queued (queue_size={self.queue_size})")
@@ -169,9 +187,12 @@ class Batcher:
 
     def run_stream(self, stream: Stream) -> None:
         """Continuous batching: jobs join the running search between two steps (relmt/serve/stream.py);
-        a job the search cannot take (sampling) is decoded as a batch of its own while nothing runs."""
+        those the search cannot take (Job.apart: sampling, a prefix, constraints) are decoded as a batch of their
+        own while nothing runs."""
         while (jobs := self.admissions(stream)) is not None:
-            if jobs and not continuous.supports(self.translator.model, jobs[0].decode):
+            if jobs and jobs[0].apart:  # the jobs taken share its settings (Job.key), and so its reason
+                for job in jobs:
+                    self.on_apart(job.apart)
                 self.decode(jobs)
                 continue
             if jobs:
@@ -281,12 +302,20 @@ class Batcher:
         return batch
 
     def decode(self, batch: list[Job]) -> None:
+        """One call of Translator.hypotheses for the batch's jobs (which share their settings, Job.key), each
+        sentence with its prefix and constraints; the answers annotated as each job asks."""
         sentences = [s for job in batch for s in job.sentences]
+        prefixes = [p for job in batch for p in job.asks.prefixes or [""] * len(job.sentences)]
+        constraints = [c for job in batch for c in job.asks.constraints or [[]] * len(job.sentences)]
+        owners = [(job, i) for job in batch for i in range(len(job.sentences))]
         start = time.perf_counter()
         try:
             self.test_hooks(sentences)
             self.translator.decode = batch[0].decode  # this thread alone uses the translator
-            results = self.translator.translate_nbest(sentences)
+            hyps = self.translator.hypotheses(sentences, prefixes=prefixes if any(prefixes) else None,
+                                              constraints=constraints if any(constraints) else None,
+                                              ordered=batch[0].asks.ordered)
+            results = annotate(self.translator, batch[0].decode, [(j, i, hs) for (j, i), hs in zip(owners, hyps)])
         except Exception as e:
             log.exception("a batch of %d requests (%d sentences) failed", len(batch), len(sentences))
             for job in batch:

@@ -92,7 +92,8 @@ def serve(argv: list[str]) -> int:
             server.should_exit = True
 
     batcher = Batcher(load, args.queue_size, args.max_batch_tokens, args.max_wait_ms, metrics.observe_batch,
-                      metrics.queue.set, load_failed, continuous=args.continuous)
+                      metrics.queue.set, load_failed, continuous=args.continuous,
+                      on_apart=lambda reason: metrics.apart.labels(reason).inc())
     state = State(args, batcher, metrics, api_key=key)
     # no limit_concurrency: uvicorn's counts every open connection, unfinished and idle ones included, and
     # answers 503 to /health past it; max_connections counts translations (relmt/serve/app.py)

@@ -29,6 +29,9 @@ class Metrics:
         self.queue = Gauge("relmt_serve_queue_sentences", "Sentences waiting for the decoder", registry=r)
         self.in_progress = Gauge("relmt_serve_requests_in_progress", "Translation requests accepted and not yet "
                                  "answered", registry=r)
+        self.apart = Counter("relmt_serve_decoded_apart", "Translation requests the running search (continuous "
+                             "batching) could not take, decoded batch by batch, by reason: constraints, prefix, "
+                             "sampling", ["reason"], registry=r)
         self.cancelled = Counter("relmt_serve_cancelled", "Requests whose client left before their batch was "
                                  "taken (their sentences were not decoded)", registry=r)
 

@@ -5,7 +5,11 @@ as `options.beam` or `text[2]`), answered as {"error": ..., "field": ...}:
 - a body over max_body_bytes, more than max_lines sentences or one over max_line_chars: 413;
 - a body that is not UTF-8: 400 (the byte offset is named);
 - malformed JSON, a wrong type, an unknown field or option, a NUL or a lone surrogate in a sentence,
-  an empty list, options that relmt-translate would refuse: 422.
+  an empty list, options that relmt-translate would refuse: 422;
+- a prefix or constraints (issue 60) of the wrong shape (one per sentence: a string and a list of phrases for
+  `"text": "..."`, lists of them for a list), an empty phrase, either with sampling, constraints on an
+  engine=ctranslate2 server, a phrase the model's vocabulary cannot spell: 422, naming `prefix[i]` or
+  `constraints[i][j]`; a prefix, or one sentence's phrases together, over max_line_chars: 413.
 An empty (or blank) sentence is accepted and translates to "" with no score, as in relmt-translate,
 so that output i always belongs to input i; an empty list asks for nothing and is refused.
 """
@@ -13,7 +17,7 @@ so that output i always belongs to input i; an empty list asks for nothing and i
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
@@ -54,12 +58,36 @@ class TranslateBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: StrictStr | list[StrictStr]
     options: Options | None = None
+    prefix: StrictStr | list[StrictStr] | None = None  # what the output begins with: one per sentence
+    constraints: list | None = None  # target phrases the output must contain: one list per sentence
+    constraints_order: Literal["unordered", "ordered"] = "unordered"
+    alignments: StrictBool = False  # Pharaoh source-target word links of each hypothesis
+    token_scores: StrictBool = False  # log p of each output piece, then EOS's
+
+
+@dataclass(frozen=True)
+class Asks:
+    """What a request asks beyond its decoding settings (issue 60; relmt.decode.translator.Translator.translations):
+    prefixes[i] and constraints[i] for sentence i (None: none for any), and which annotations each hypothesis gets."""
+
+    prefixes: list[str] | None = None
+    constraints: list[list[str]] | None = None
+    ordered: bool = False
+    alignments: bool = False
+    token_scores: bool = False
+
+    @property
+    def apart(self) -> str | None:
+        """Why the running search cannot take the request ("constraints", "prefix"), or None: they change the beam
+        search's steps, which the server's continuous batching runs plain."""
+        return "constraints" if self.constraints else "prefix" if self.prefixes else None
 
 
 @dataclass
 class TranslateRequest:
     sentences: list[str]
     decode: DecodeConfig
+    asks: Asks = field(default_factory=Asks)
 
 
 def field_name(loc: tuple) -> str:
@@ -80,8 +108,8 @@ def validation_error(e: ValidationError) -> ApiError:
     # a union reports each branch; a list of strings is the more telling one for text=[..., 3]
     first = next((x for x in errors if "list[str]" in x["loc"]), errors[0])
     name = field_name(first["loc"])
-    if name == "text" and first["type"] in ("list_type", "string_type"):  # neither branch of the union
-        return ApiError(422, "text: must be a string or a list of strings", name)
+    if name in ("text", "prefix") and first["type"] in ("list_type", "string_type"):  # neither branch of the union
+        return ApiError(422, f"{name}: must be a string or a list of strings", name)
     if first["type"] == "string_type":
         return ApiError(422, f"{name}: must be a string", name)
     if first["type"] == "extra_forbidden":  # an unknown field or option: the nearest known one, as the CLI does
@@ -94,8 +122,9 @@ def validation_error(e: ValidationError) -> ApiError:
     return ApiError(422, f"{name}: {first['msg']}", name)
 
 
-def parse_body(raw: bytes, args: ServeArgs, default: DecodeConfig) -> TranslateRequest:
-    """The checked request in `raw` (at most max_body_bytes, read by the caller), or an ApiError."""
+def parse_body(raw: bytes, args: ServeArgs, default: DecodeConfig, tokenizer=None) -> TranslateRequest:
+    """The checked request in `raw` (at most max_body_bytes, read by the caller), or an ApiError. `tokenizer`, the
+    model's (relmt.data.tokenizer.Tokenizer), when given, checks that each constraint can be spelt."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -115,7 +144,8 @@ def parse_body(raw: bytes, args: ServeArgs, default: DecodeConfig) -> TranslateR
     sentences = [body.text] if isinstance(body.text, str) else body.text
     check_sentences(sentences, isinstance(body.text, str), args)
     options = body.options.model_dump(exclude_none=True) if body.options else {}
-    return TranslateRequest(sentences, request_decode(options, args, default))
+    decode = request_decode(options, args, default)
+    return TranslateRequest(sentences, decode, request_asks(body, len(sentences), args, decode, tokenizer))
 
 
 def check_sentences(sentences: list[str], single: bool, args: ServeArgs) -> None:
@@ -125,17 +155,78 @@ def check_sentences(sentences: list[str], single: bool, args: ServeArgs) -> None
         raise ApiError(413, f"text: {len(sentences)} sentences, more than max_lines={args.max_lines} per request; "
                        "split them over several requests", "text")
     for i, s in enumerate(sentences):
-        name = "text" if single else f"text[{i}]"
-        if len(s) > args.max_line_chars:
-            raise ApiError(413, f"{name}: {len(s)} characters, more than max_line_chars={args.max_line_chars}", name)
-        if "\0" in s:
-            raise ApiError(422, f"{name}: NUL character at {s.index(chr(0))}; text must be without NUL", name)
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError as e:  # JSON can spell a lone surrogate (\ud800), which is no character
-            raise ApiError(422, f"{name}: lone surrogate at character {e.start}; not valid Unicode", name) from None
-        if "\n" in s:
-            raise ApiError(422, f"{name}: a line break inside a sentence; send each line as its own list item", name)
+        check_line(s, "text" if single else f"text[{i}]", args)
+
+
+def check_line(s: str, name: str, args: ServeArgs) -> None:
+    """A sentence, prefix or phrase: within max_line_chars (413), without NUL, lone surrogates or line breaks."""
+    if len(s) > args.max_line_chars:
+        raise ApiError(413, f"{name}: {len(s)} characters, more than max_line_chars={args.max_line_chars}", name)
+    if "\0" in s:
+        raise ApiError(422, f"{name}: NUL character at {s.index(chr(0))}; text must be without NUL", name)
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON can spell a lone surrogate (\ud800), which is no character
+        raise ApiError(422, f"{name}: lone surrogate at character {e.start}; not valid Unicode", name) from None
+    if "\n" in s:
+        raise ApiError(422, f"{name}: a line break inside a sentence; send each line as its own list item", name)
+
+
+def request_asks(body: TranslateBody, n: int, args: ServeArgs, decode: DecodeConfig, tokenizer=None) -> Asks:
+    """The prefix and constraints of each of the n sentences, checked (one per sentence, in the shape of `text`),
+    and the annotations asked for. A prefix or constraints need beam search, and constraints an engine that has a
+    constrained search (not ctranslate2) and words the vocabulary can spell, as Translator.hypotheses says; here
+    they are refused before they are queued, so that one request cannot fail the batch it would join."""
+    single = isinstance(body.text, str)
+    prefixes = constraints = None
+    if body.prefix is not None:
+        one = isinstance(body.prefix, str)
+        prefixes = [body.prefix] if one else body.prefix
+        problem = ("\"text\" is one sentence: give its prefix as a string" if single and not one
+                   else "\"text\" is a list: give a list of prefixes" if not single and one
+                   else f"{len(prefixes)} prefixes for {n} sentences" if len(prefixes) != n else "")
+        if problem:
+            raise ApiError(422, f"prefix: {problem}, one per sentence (\"\" for none)", "prefix")
+        for i, p in enumerate(prefixes):
+            check_line(p, "prefix" if single else f"prefix[{i}]", args)
+    if body.constraints is not None:
+        constraints = [body.constraints] if single else body.constraints
+        if not single and (len(constraints) != n or not all(isinstance(c, list) for c in constraints)):
+            raise ApiError(422, f"constraints: give one list of target phrases per sentence ({n}), e.g. "
+                           '[["Katze"], []] for two sentences', "constraints")
+        for i, phrases in enumerate(constraints):
+            where = "constraints" if single else f"constraints[{i}]"
+            for j, phrase in enumerate(phrases):
+                name = f"{where}[{j}]"
+                if not isinstance(phrase, str):
+                    raise ApiError(422, f"{name}: must be a string (a target word or phrase)", name)
+                if not phrase.strip():
+                    raise ApiError(422, f"{name}: an empty phrase; give the target words the output must contain",
+                                   name)
+                check_line(phrase, name, args)
+            if sum(map(len, phrases)) > args.max_line_chars:  # each phrase raises the output length limit
+                raise ApiError(413, f"{where}: {sum(map(len, phrases))} characters in all, more than "
+                               f"max_line_chars={args.max_line_chars}", where)
+    # a blank prefix and no phrases ask for nothing: such a request is decoded as a plain one
+    prefixes = prefixes if prefixes and any(p.strip() for p in prefixes) else None
+    constraints = constraints if constraints and any(constraints) else None
+    for key, given in (("prefix", prefixes), ("constraints", constraints)):
+        if decode.sampling and given:
+            raise ApiError(422, f"{key}: a target prefix and constraints need beam search, not sampling "
+                           "(options.sampling=false)", key)
+    if args.engine == "ctranslate2" and constraints:
+        raise ApiError(422, "constraints: this server runs engine=ctranslate2, which has no lexically constrained "
+                       "search; constraints work on engine=torch, onnx and aoti", "constraints")
+    if tokenizer is not None and constraints:
+        named = [(f"constraints[{j}]" if single else f"constraints[{i}][{j}]", phrase)
+                 for i, phrases in enumerate(constraints) for j, phrase in enumerate(phrases)]
+        unk = tokenizer.sp.unk_id()
+        for (name, phrase), ids in zip(named, tokenizer.encode([phrase for _, phrase in named])):
+            if unk in ids:
+                raise ApiError(422, f"{name}: {phrase!r}: the model's vocabulary has no piece for part of it "
+                               "(sentencepiece gives <unk>), so no output can hold it", name)
+    return Asks(prefixes, constraints, constraints is not None and body.constraints_order == "ordered",
+                body.alignments, body.token_scores)
 
 
 def request_decode(options: dict, args: ServeArgs, default: DecodeConfig) -> DecodeConfig:

@@ -4,19 +4,38 @@ Jobs with one decoding setting are admitted between two steps: their sentences a
 decode.max_source_len as relmt-translate cuts them (with the same warning), and joined to the search.
 Each step hands every sentence that finished, detokenised, to its job; a job is answered when its
 last sentence finishes, its sentences in input order (an empty line: no hypotheses, as offline).
+Token scores and word alignments, where a job asks for them, are added as its sentences finish, by one
+teacher-forced pass over the finished hypotheses (`annotate`, which batch-by-batch decoding uses too).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from relmt.config import DecodeConfig
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode import continuous
+from relmt.decode.beam import Hypothesis
 from relmt.decode.search import capped_lengths, output_weight
+
+
+def annotate(translator, cfg: DecodeConfig, done: Sequence[tuple[object, int, list[Hypothesis]]]) -> list[list]:
+    """The hypotheses of each finished (job, sentence index, hypotheses) as Translations, with the token scores and
+    word alignments its job asks for (Job.asks): Translator.annotated, once for each kind of ask among them."""
+    out: list[list] = [[] for _ in done]
+    groups: dict[tuple[bool, bool], list[int]] = {}
+    for n, (job, _, _) in enumerate(done):
+        groups.setdefault((job.asks.token_scores, job.asks.alignments), []).append(n)
+    for (token_scores, alignments), ns in groups.items():
+        pairs = [(done[n][0].ids[done[n][1]], h) for n in ns for h in done[n][2]]
+        made = iter(translator.annotated(pairs, token_scores, alignments, cfg, name="request"))
+        for n in ns:
+            out[n] = [next(made) for _ in done[n][2]]
+    return out
 
 
 class Stream:
@@ -39,7 +58,7 @@ class Stream:
         """Join the jobs' sentences to the search (all jobs share one decoding setting)."""
         cfg, model = jobs[0].decode, self.translator.model
         sentences = [(job, i, s) for job in jobs for i, s in enumerate(job.sentences)]
-        ids = self.translator.tokenizer.encode([s for _, _, s in sentences])
+        ids = [x for job in jobs for x in job.ids]
         lens = capped_lengths(ids, cfg.max_source_len, "request", 1)
         rows, keys = [], []
         for job in jobs:
@@ -74,15 +93,12 @@ class Stream:
         self.on_step(n, time.perf_counter() - start)
         if not finished:
             return
-        texts = self.translator.tokenizer.decode([h.tokens for _, hyps in finished for h in hyps])
-        at = 0
-        for (job_id, i), hyps in finished:
-            job = self.jobs[job_id]
-            job.results[i] = [(text, h.score) for text, h in zip(texts[at:at + len(hyps)], hyps)]
-            at += len(hyps)
+        done = [(self.jobs[job_id], i, hyps) for (job_id, i), hyps in finished]
+        for (job, i, _), translations in zip(done, annotate(self.translator, self.cfg, done)):
+            job.results[i] = translations
             job.left -= 1
             if not job.left:
-                del self.jobs[job_id]
+                del self.jobs[id(job)]
                 job.future.set_result(job.results)
         self.tokens = 0 if self.run is None else int(self.run.src_mask.sum())
 
