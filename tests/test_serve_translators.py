@@ -157,3 +157,19 @@ def test_a_ctranslate2_server_refuses_constraints_and_takes_a_prefix():
     assert (e.value.status, e.value.field) == (422, "constraints")
     req = parse_body(b'{"text": ["a", "b"], "prefix": ["ga", ""], "constraints": [[], []]}', args, DecodeConfig())
     assert req.asks.prefixes == ["ga", ""] and req.asks.constraints is None and req.asks.apart == "prefix"
+
+
+def test_a_ctranslate2_server_decodes_with_ctranslate2_not_the_torch_model_beside_it():
+    """Its Translator keeps the torch model (for alignments and token scores), which continuous batching would
+    otherwise have taken for the model to search with."""
+    from relmt.config import ModelConfig
+    from relmt.model.transformer import build_model
+    from tests.test_serve import scheduler
+
+    b = scheduler(continuous=True)
+    b.translator.model = build_model(ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1,
+                                                 decoder_layers=1), 20, 0)
+    b.translator.ct2 = None
+    assert b.streams()
+    b.translator.ct2 = object()  # a Ct2Model
+    assert not b.streams()

@@ -179,11 +179,18 @@ class Batcher:
             log.error("%s", self.load_error)
             self.on_load_error(self.load_error)
             return
-        if self.continuous and continuous.supports(self.translator.model, self.default_decode):
+        if self.streams():
             self.run_stream(Stream(self.translator, self.on_batch))
             return
         while (batch := self.next_batch()) is not None:
             self.decode(batch)
+
+    def streams(self) -> bool:
+        """Whether requests join a running search (continuous batching): relmt's own search of one Transformer. A
+        ctranslate2 server keeps its torch model beside the converted one (for alignments and token scores), but
+        decodes with CTranslate2's search, batch after batch."""
+        return (self.continuous and getattr(self.translator, "ct2", None) is None
+                and continuous.supports(self.translator.model, self.default_decode))
 
     def run_stream(self, stream: Stream) -> None:
         """Continuous batching: jobs join the running search between two steps (relmt/serve/stream.py);
