@@ -319,8 +319,9 @@ class TrainConfig:
     # train again from scratch in a run directory that holds a run, replacing its checkpoints and
     # results (metrics.json, metrics.jsonl, tb/, translations/); without it relmt-train never removes them
     overwrite: bool = False
-    # fine-tuning: start from this checkpoint's weights (same model config and vocabulary) with a fresh
-    # optimizer, schedule and data position. Only seeds a fresh run: a resumable run directory wins.
+    # fine-tuning: start from this checkpoint's weights (same model config; another vocabulary keeps the rows
+    # of the pieces both hold) with a fresh optimizer, schedule and data position. Only seeds a fresh run: a
+    # resumable run directory wins.
     init_from: str | None = None
     max_bad_steps: int = 5  # consecutive NaN/inf losses or gradients tolerated (each update skipped)
     test_checkpoint: CheckpointRule = CheckpointRule.best  # what scores the test splits: best, last or averaged

@@ -1,5 +1,6 @@
 """Fine-tuning (train.init_from): a new run starts from a checkpoint's weights with a fresh optimizer,
-schedule and data position; the model config and vocabulary must match; resume takes precedence."""
+schedule and data position; the model config must match, and another vocabulary keeps the rows of the pieces
+both hold; resume takes precedence."""
 
 from __future__ import annotations
 
@@ -98,13 +99,59 @@ def test_dropouts_and_the_preset_name_may_differ():
         init.check_model(saved, {**saved, "dropout": 0.3, "norm": "post"}, Path("x.pt"))
 
 
-def test_another_vocabulary_is_refused_naming_both_sentencepiece_models(source):
+def test_another_vocabulary_keeps_the_rows_of_the_shared_pieces_and_starts_the_rest_fresh(source, monkeypatch):
+    """Issue 61: a checkpoint trained with another sentencepiece model (here 638 pieces, the run 60) is taken onto
+    the run's: each piece both hold keeps its embedding (and tied output) row, matched by its text; the others
+    are the fresh model's; every other weight is the checkpoint's; metrics.json says how many rows were kept."""
     root, path = source
-    with pytest.raises(UserError, match=rf"(?s)train.init_from={path}: trained with another vocabulary: its "
-                                        r"sentencepiece model is .*spm.model \(638 pieces, sha256 \w{12}\), "
-                                        r"this run's is .*spm.model \(60 pieces, sha256 \w{12}\)"):
-        loop_module.train(tiny_config(root, "vocab", f"train.init_from={path}", "data.vocab_size=60"))
-    assert not (root / "vocab/checkpoints").exists()
+    src = checkpoint.load(path)
+    seen = spy_first_update(monkeypatch)
+    fresh = {}
+    real_build = loop_module.build_model
+
+    def build_model(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        fresh.update({k: v.clone() for k, v in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(loop_module, "build_model", build_model)
+    metrics = loop_module.train(tiny_config(root, "vocab", *QUIET, "train.max_steps=1", f"train.init_from={path}",
+                                            "data.vocab_size=60"))
+    ours, theirs = init.pieces(checkpoint.load(root / "vocab/checkpoints/last.pt")["spm"]), init.pieces(src["spm"])
+    old = {p: i for i, p in enumerate(theirs)}
+    shared = [i for i, p in enumerate(ours) if p in old]
+    assert metrics["init_from"]["vocabulary"] == {"kept": len(shared), "rows": 60, "checkpoint_rows": 638}
+    assert len(shared) >= 4  # the special pieces at least (here all 60: BPE's first merges are the larger's too)
+    for key in ("src_embed.weight", "tgt_embed.weight"):
+        table = seen["weights"][key]
+        for i, p in enumerate(ours):
+            expected = src["model"][key][old[p]] if p in old else fresh[key][i]
+            assert torch.equal(table[i], expected), (key, p)
+    for key, value in src["model"].items():
+        if "embed" not in key:
+            assert torch.equal(seen["weights"][key], value), key
+
+
+def test_onto_vocabulary_copies_shared_rows_by_piece_and_keeps_the_fresh_ones(tmp_path):
+    from relmt.config import ModelConfig
+    from relmt.data.tokenizer import PAD_ID, Tokenizer
+    from relmt.model.transformer import build_model
+    from tests.tiny_checkpoints import toy_tokenizer
+
+    spms = [toy_tokenizer(tmp_path, seed=s, vocab_size=v) for s, v in ((1, 120), (2, 150))]
+    entries = [{"path": str(p), "sha256": str(i), "model": p.read_bytes()} for i, p in enumerate(spms)]
+    sizes = [Tokenizer(p).vocab_size for p in spms]
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1)
+    old, new = (build_model(cfg, n, PAD_ID) for n in sizes)
+    weights, kept = init.onto_vocabulary(old.state_dict(), new, entries[0], entries[1], Path("a.pt"))
+    theirs, ours = init.pieces(entries[0]), init.pieces(entries[1])
+    shared = [p for p in ours if p in theirs]
+    assert kept == {"kept": len(shared), "rows": sizes[1], "checkpoint_rows": sizes[0]} and len(shared) < sizes[1]
+    for i, p in enumerate(ours):
+        want = old.state_dict()["tgt_embed.weight"][theirs.index(p)] if p in theirs else \
+            new.state_dict()["tgt_embed.weight"][i]
+        assert torch.equal(weights["tgt_embed.weight"][i], want), p
+    assert all(torch.equal(weights[k], v) for k, v in old.state_dict().items() if "embed" not in k)
 
 
 def test_a_missing_or_damaged_source_is_a_clear_error(source, monkeypatch, tmp_path):

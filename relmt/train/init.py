@@ -4,8 +4,12 @@ Only the weights are taken, as fairseq's --finetune-from-model and OpenNMT-py's 
 reset_optim=all do: the optimizer, the learning-rate schedule (the first update is warm-up's first
 step), the data position and the RNG start as in any new run. The checkpoint (a step_N.pt, last.pt,
 best.pt or one written by relmt-average) is loaded with its checksum verified, and it must hold the
-same model and the same sentencepiece vocabulary as the new run: a mismatch is an error naming the
-model.* keys, or the two sentencepiece models, that differ.
+same model as the new run: a mismatch is an error naming the model.* keys that differ.
+
+A checkpoint trained with another sentencepiece model (a new domain, an added language; issue 61) is
+taken onto the run's vocabulary: the embedding rows (and so the tied output rows) of the pieces both
+vocabularies hold are copied, matched by the piece's text, and the rest keep the fresh model's
+initialisation. The log and metrics.json say how many rows were kept.
 
 train.resume takes precedence. init_from only seeds a fresh run: once the run directory holds a
 checkpoint, train.resume=true continues that run and does not read init_from again, so the same
@@ -77,18 +81,49 @@ def describe_vocabulary(spm: dict) -> str:
     return f"{spm.get('path', '?')} ({pieces} pieces, sha256 {str(spm.get('sha256'))[:12]})"
 
 
+def pieces(spm: dict) -> list[str]:
+    sp = Tokenizer(spm.get("path", "?"), spm["model"]).sp
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def onto_vocabulary(weights: dict, model: torch.nn.Module, theirs: dict, ours: dict, path: Path) -> tuple[dict, dict]:
+    """The checkpoint's weights with their embedding tables (src_embed, tgt_embed: the output layer is tied to the
+    latter) remapped onto the run's vocabulary: the row of each piece both sentencepiece models hold is the
+    checkpoint's, every other row the fresh model's. Returns them and {kept, rows, checkpoint_rows}."""
+    if not theirs.get("model"):
+        raise UserError(f"train.init_from={path}: the checkpoint does not hold its sentencepiece model, so its "
+                        "embedding rows cannot be matched to this run's pieces")
+    old = {p: i for i, p in enumerate(pieces(theirs))}
+    new = pieces(ours)
+    shared = [(i, old[p]) for i, p in enumerate(new) if p in old]
+    rows, src = torch.tensor([i for i, _ in shared]), torch.tensor([j for _, j in shared])
+    fresh = model.state_dict()
+    out = dict(weights)
+    for key in ("src_embed.weight", "tgt_embed.weight"):
+        if key in weights:
+            table = fresh[key].clone()
+            table[rows] = weights[key][src].to(table.dtype)
+            out[key] = table
+    return out, {"kept": len(shared), "rows": len(new), "checkpoint_rows": len(old)}
+
+
 def load_weights(source: tuple[Path, dict], model: torch.nn.Module, spm: dict) -> dict:
-    """Copy the source checkpoint's weights into `model`, after checking that it was trained with
-    the run's vocabulary (`spm`: path, sha256, model bytes). Returns what metrics.json records of
-    it: path, step and checksum."""
+    """Copy the source checkpoint's weights into `model`; trained with another vocabulary than the run's (`spm`:
+    path, sha256, model bytes), onto the run's (`onto_vocabulary`). Returns what metrics.json records of it:
+    path, step and checksum, and with another vocabulary how many embedding rows were kept."""
     path, ck = source
     theirs = ck.get("spm") or {}
+    weights, vocabulary = ck["model"], None
     if theirs.get("sha256") != spm["sha256"]:
-        raise UserError(f"train.init_from={path}: trained with another vocabulary: its sentencepiece model is "
-                        f"{describe_vocabulary(theirs)}, this run's is {describe_vocabulary(spm)}; fine-tuning "
-                        "needs the same one, i.e. data.* settings that build the same sentencepiece model")
-    checkpoint.load_model_state(model, ck["model"], path)
+        weights, vocabulary = onto_vocabulary(weights, model, theirs, spm, path)
+        log.info("train.init_from: another vocabulary: %d of this run's %d embedding rows (pieces both "
+                 "sentencepiece models hold) come from %s (%d rows), the other %d start fresh; its %s, this run's %s",
+                 vocabulary["kept"], vocabulary["rows"], path, vocabulary["checkpoint_rows"],
+                 vocabulary["rows"] - vocabulary["kept"], describe_vocabulary(theirs), describe_vocabulary(spm))
+    checkpoint.load_model_state(model, weights, path)
     record = {"path": str(path), "step": ck.get("step"), "checksum": ck.get("checksum")}
+    if vocabulary is not None:
+        record["vocabulary"] = vocabulary
     log.info("train.init_from: weights of %s (step %s); the optimizer, learning-rate schedule and data "
              "position start fresh", path, record["step"])
     return record
