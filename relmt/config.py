@@ -173,6 +173,12 @@ class DataConfig:
     # rule table (str.lower of each character), stored in the model, so training, translation and
     # export all see lowercased text, and the model writes lowercase. Needs spm_normalization=identity.
     lowercase: bool = False
+    # Subword regularisation (relmt/data/regularise.py; Kudo 2018): each epoch the training sentences are cut
+    # anew by sampling; 0 = off. unigram: the smoothing alpha of the sampled segmentation (Kudo: 0.1-0.5); bpe:
+    # BPE-dropout's probability of dropping each merge (Provilkov et al. 2020: 0.1). Validation, the test
+    # splits and translation never sample.
+    spm_alpha: float = 0.0
+    spm_nbest: int = -1  # unigram only: sample among the nbest best segmentations (-1: all of them)
     # training-pair filters (evaluation splits are never filtered)
     max_tokens_per_side: int = 256
     max_length_ratio: float = 3.0  # drop pairs whose longer side exceeds ratio x the shorter; 0 = off
@@ -205,6 +211,13 @@ class DataConfig:
                and self.length_buckets[0] >= 1, "data.length_buckets",
                f"must be increasing edges >= 1, got {list(self.length_buckets)}")
         _check(0 < self.spm_character_coverage <= 1, "data.spm_character_coverage", "must be in (0, 1]")
+        _check(0 <= self.spm_alpha < 1 or (self.spm_model_type == SpmModel.unigram and self.spm_alpha >= 0
+                                           and self.spm_alpha < float("inf")), "data.spm_alpha",
+               f"must be 0 (off) or a probability in (0, 1) for bpe, >= 0 for unigram; got {self.spm_alpha}")
+        _check(self.spm_alpha == 0 or self.spm_model_type in (SpmModel.bpe, SpmModel.unigram), "data.spm_alpha",
+               f"samples segmentations of bpe and unigram models; spm_model_type={self.spm_model_type.value} has one")
+        _check(self.spm_nbest == -1 or self.spm_nbest >= 1, "data.spm_nbest",
+               f"must be -1 (all) or >= 1, got {self.spm_nbest}")
         _check(not self.lowercase or self.spm_normalization == SpmNormalization.identity, "data.lowercase",
                f"needs data.spm_normalization=identity (got {self.spm_normalization.value}): sentencepiece "
                "takes one rule table, and lowercasing is one")

@@ -165,9 +165,10 @@ def _local_files(cfg: DataConfig) -> list[tuple[str, int, str]] | None:
 
 
 def cache_key(cfg: DataConfig) -> str:
-    """A hash of everything that decides the prepared data (not num_proc, cache_dir or the
-    evaluation-only length_buckets). Local data counts by content: where it lies does not matter."""
-    ignored = ("num_proc", "cache_dir", "name", "length_buckets")
+    """A hash of everything that decides the prepared data (not num_proc, cache_dir, the evaluation-only
+    length_buckets, or subword regularisation, sampled from the cached ids). Local data counts by content: where
+    it lies does not matter."""
+    ignored = ("num_proc", "cache_dir", "name", "length_buckets", "spm_alpha", "spm_nbest")  # sampled on the fly
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignored}
     if cfg.source != Source.toy:
         settings.pop("toy")

@@ -38,7 +38,8 @@ from tqdm import tqdm
 from relmt import checkpoint, runtime
 from relmt.config import AUTO_CHUNK_VOCAB, Config, OutputLoss, TrainConfig, to_dict
 from relmt.data.batching import BatchSampler, collate
-from relmt.data.dataset import Corpus, prepare
+from relmt.data.dataset import Corpus, SplitIds, prepare
+from relmt.data.regularise import Resampler
 from relmt.data.tokenizer import PAD_ID
 from relmt.errors import UserError
 from relmt.model import linear
@@ -239,6 +240,17 @@ def train(cfg: Config) -> dict:
     tokenizer, train_ids = corpus.tokenizer, corpus.ids("train")
     sampler = BatchSampler(train_ids, tcfg.max_padded_tokens, cfg.seed, True, dist.rank, dist.world_size,
                            tcfg.max_sentences, tcfg.batch_by.value)
+    resampler = (Resampler(train_ids, tokenizer, cfg.data.spm_alpha, cfg.data.spm_nbest, cfg.seed)
+                 if cfg.data.spm_alpha > 0 else None)  # subword regularisation: each epoch's pieces sampled
+
+    def epoch_batches(epoch: int) -> tuple[SplitIds, list]:
+        """An epoch's training ids and its batches: the cached ids, or with subword regularisation the epoch's
+        sampled ones, batched by their own lengths."""
+        if resampler is None:
+            return train_ids, sampler.epoch(epoch)
+        ids = resampler.epoch(epoch)
+        return ids, BatchSampler(ids, tcfg.max_padded_tokens, cfg.seed, True, dist.rank, dist.world_size,
+                                 tcfg.max_sentences, tcfg.batch_by.value).epoch(epoch)
     chunked = tcfg.output_loss == OutputLoss.chunked or (tcfg.output_loss == OutputLoss.auto
                                                           and tokenizer.vocab_size >= AUTO_CHUNK_VOCAB)
     if not sampler.epoch(0):
@@ -287,13 +299,13 @@ def train(cfg: Config) -> dict:
     valid = state.last_valid  # a resume after the last update has no validation left to run
     interrupted = False
     window = dict.fromkeys(WINDOW, 0.0)
-    batches = sampler.epoch(state.epoch)
+    epoch_ids, batches = epoch_batches(state.epoch)
     first_step, t_session = state.step, time.perf_counter()  # this session's updates, for the ETA
     with stop_signals() as received:
         while not finished(state, tcfg) and not interrupted:
             t0 = time.perf_counter()
             lr = learning_rate(tcfg, cfg.model.d_model, state.step + 1)
-            group = [collate(train_ids, index, tcfg.pad_to_multiple).to(dist.device)
+            group = [collate(epoch_ids, index, tcfg.pad_to_multiple).to(dist.device)
                      for index in batches[state.batch: state.batch + tcfg.update_freq]]
             loss_sum, nll_sum, n_tgt, n_src, grad_norm = train_step(
                 model, net, optimizer, scaler, group, lr, tcfg.label_smoothing, amp, dist, ddp, tcfg.clip_norm,
@@ -306,7 +318,7 @@ def train(cfg: Config) -> dict:
             state.batch += len(group)
             if state.batch >= len(batches):
                 state.epoch, state.batch = state.epoch + 1, 0
-                batches = sampler.epoch(state.epoch)
+                epoch_ids, batches = epoch_batches(state.epoch)
             seconds = time.perf_counter() - t0
             state.train_seconds += seconds
             state.src_tokens, state.tgt_tokens = state.src_tokens + int(n_src), state.tgt_tokens + int(n_tgt)

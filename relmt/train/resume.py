@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 # Settings that change the data or the batch order: a resume with other values would not continue
 # the saved run but silently train on other batches. Other settings (max_steps, eval_every,
 # logging, device, decoding) may change on resume.
-BATCH_ORDER_KEYS = ("seed", "train.max_padded_tokens", "train.max_sentences", "train.update_freq", "train.batch_by")
+BATCH_ORDER_KEYS = ("seed", "train.max_padded_tokens", "train.max_sentences", "train.update_freq", "train.batch_by",
+                    "data.spm_alpha", "data.spm_nbest")  # the last two: subword regularisation's sampled pieces
 # batch-order keys added since some runs were saved, with the value those runs trained with
-BATCH_ORDER_BEFORE = {"train.batch_by": "source"}
+BATCH_ORDER_BEFORE = {"train.batch_by": "source", "data.spm_alpha": 0.0, "data.spm_nbest": -1}
 DATA_KEYS_FREE_ON_RESUME = ("data.cache_dir", "data.num_proc", "data.length_buckets")
 # Where the corpus lies: checkpoints that record the data's cache key (content-based) compare that
 # instead, so the same corpus copied or moved elsewhere resumes.

@@ -1,0 +1,84 @@
+"""Subword regularisation (data.spm_alpha, relmt/data/regularise.py; issue 61): each epoch's training pieces are
+sampled anew from the cached ids, the same for the same (seed, epoch), so a resumed run equals an uninterrupted
+one; the cache and evaluation never sample, and a resume refuses a change of the sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relmt import checkpoint
+from relmt.config import DataConfig, SpmModel
+from relmt.data.dataset import SplitIds
+from relmt.data.regularise import Resampler, flat, resample
+from relmt.data.tokenizer import Tokenizer
+from relmt.data.toy import generate
+from relmt.errors import UserError
+from relmt.train import loop as loop_module
+from tests.test_train import tiny_config, train_records
+from tests.tiny_checkpoints import toy_tokenizer
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> tuple[Tokenizer, SplitIds]:
+    tok = Tokenizer(toy_tokenizer(tmp_path_factory.mktemp("spm")))
+    pairs = generate(seed=3, n_train=40, n_valid=0, n_test=0, n_test_long=0)["train"]
+    src, src_offsets = flat(tok.encode([s for s, _ in pairs]), eos=True)
+    tgt, tgt_offsets = flat(tok.encode([t for _, t in pairs]), eos=False)
+    return tok, SplitIds(src, src_offsets, tgt, tgt_offsets)
+
+
+def rows(ids: SplitIds, side: str) -> list[list[int]]:
+    data, offsets = getattr(ids, side), getattr(ids, f"{side}_offsets")
+    return [data[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def test_an_epoch_samples_other_pieces_of_the_same_text_and_the_same_ones_again(split):
+    tok, ids = split
+    one, again, two = (resample(ids, tok, 0.3, -1, seed=1, epoch=e) for e in (0, 0, 1))
+    for side in ("src", "tgt"):
+        assert rows(one, side) == rows(again, side)  # (seed, epoch) decides the pieces
+        assert rows(one, side) != rows(two, side) and rows(one, side) != rows(ids, side)
+        eos = side == "src"
+        assert tok.decode([r[:len(r) - eos] for r in rows(one, side)]) == \
+            tok.decode([r[:len(r) - eos] for r in rows(ids, side)])  # the same sentences
+    assert all(r[-1] == 3 for r in rows(one, "src"))  # sources still end in EOS
+    assert rows(resample(ids, tok, 0.3, -1, seed=2, epoch=0), "src") != rows(one, "src")
+
+
+def test_the_resampler_prepares_the_next_epoch_as_resample_would(split):
+    tok, ids = split
+    r = Resampler(ids, tok, 0.3, -1, seed=1)
+    assert rows(r.epoch(0), "tgt") == rows(resample(ids, tok, 0.3, -1, 1, 0), "tgt")
+    assert rows(r.epoch(1), "tgt") == rows(resample(ids, tok, 0.3, -1, 1, 1), "tgt")  # made in the background
+    assert rows(r.epoch(5), "tgt") == rows(resample(ids, tok, 0.3, -1, 1, 5), "tgt")  # a resume jumps
+
+
+def test_a_resumed_run_with_sampled_pieces_equals_an_uninterrupted_one(tmp_path):
+    """12 training pairs: several epochs in 8 updates, each with its own sampled pieces."""
+    common = ("data.toy.n_train=12", "data.spm_alpha=0.2", "data.spm_model_type=bpe", "data.vocab_size=300",
+              "train.save_every=4", "train.eval_every=4", "train.valid_bleu=false")
+    loop_module.train(tiny_config(tmp_path, "full", "train.max_steps=8", *common))
+    loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=4", *common))
+    loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", "train.resume=true", *common))
+    a, b = train_records(tmp_path / "full"), train_records(tmp_path / "split")
+    assert max(r["epoch"] for r in a.values()) >= 2
+    assert [a[s]["loss"] for s in range(1, 9)] == [b[s]["loss"] for s in range(1, 9)]
+    wa, wb = (checkpoint.load(tmp_path / run / "checkpoints/last.pt")["model"] for run in ("full", "split"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    plain = tiny_config(tmp_path, "plain", "train.max_steps=2", *common[:1], *common[2:])
+    loop_module.train(plain)
+    assert train_records(tmp_path / "plain")[1]["loss"] != a[1]["loss"]  # the sampled pieces were trained on
+    with pytest.raises(UserError, match=r"cannot resume with data.spm_alpha=0.1 \(saved: 0.2\)"):
+        loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=9", "train.resume=true", *common[:1],
+                                      "data.spm_alpha=0.1", *common[2:]))
+
+
+def test_bad_sampling_settings_name_the_key():
+    with pytest.raises(ValueError, match="data.spm_alpha: must be 0 .off. or a probability in .0, 1. for bpe"):
+        DataConfig(spm_alpha=1.5)
+    DataConfig(spm_alpha=1.5, spm_model_type=SpmModel.unigram)  # unigram's alpha is a smoothing, not a probability
+    with pytest.raises(ValueError, match="data.spm_alpha: samples segmentations of bpe and unigram models"):
+        DataConfig(spm_alpha=0.1, spm_model_type=SpmModel.word)
+    with pytest.raises(ValueError, match="data.spm_nbest: must be -1"):
+        DataConfig(spm_nbest=0)
