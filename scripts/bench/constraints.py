@@ -9,10 +9,9 @@ each drawn word becomes a two-word phrase with the next reference word half the 
 too. Sentences whose output misses no reference word get no constraint.
 
 A constraint is met when it appears in the output from a word's start, as the search guarantees (it matches
-pieces, so the last word may go on: "Katze" in "Katzen"); the page also counts those met as whole words. Times are
-the median of
---repeats runs of the whole test set (and of its sentences with two constraints), each mode timed in turn
-(relmt.bench.time_interleaved), with the threads given (--threads): run it on a quiet machine.
+pieces, so the last word may go on: "Katze" in "Katzen"); the page also counts those met as whole words. Times
+are the median of --repeats runs of the whole test set (and of its sentences with two constraints), each mode
+timed in turn (relmt.bench.time_interleaved), with the threads given (--threads): run it on a quiet machine.
 
     python scripts/bench/constraints.py --checkpoint runs/decoding/m30k_rel_s1/checkpoints/best.pt \\
         [--data ../shared/data/multi30k]   # the default is this project's machines
