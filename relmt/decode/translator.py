@@ -205,6 +205,9 @@ class Translator:
         ids = self._encode(sentences, "sentences")
         prefix_ids = self._encode(prefixes, "prefixes", len(sentences)) if prefixes is not None else None
         constraint_ids = None
+        if self.ct2 is not None and constraints is not None and any(len(c) for c in constraints):
+            raise UserError("engine=ctranslate2 has no lexically constrained search: constraints work on "
+                            "engine=torch, onnx and aoti")
         if constraints is not None:  # each phrase encoded alone, as the words it will be inside a sentence
             if len(constraints) != len(sentences) or any(isinstance(c, str) for c in constraints):
                 raise UserError(f"constraints: give one list of target phrases per sentence ({len(sentences)}), "
@@ -218,9 +221,6 @@ class Translator:
                         raise UserError(f"constraint {phrase!r} of sentence {i + 1}: the model's vocabulary has no "
                                         "piece for part of it (sentencepiece gives <unk>), so no output can hold it")
         if self.ct2 is not None:
-            if constraint_ids is not None and any(constraint_ids):
-                raise UserError("engine=ctranslate2 has no lexically constrained search: constraints work on "
-                                "engine=torch, onnx and aoti")
             return self.ct2.hypotheses(ids, self.tokenizer, cfg, prefix_ids)
         return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
                               first_line=first_line, progress=progress, prefixes=prefix_ids,
