@@ -70,11 +70,12 @@ CHUNK = 64  # tokens per chunk in step_candidates' first pass
 
 
 def step_candidates(logits: Tensor, alive: Tensor, banned: Tensor, k: int, row_ban: tuple[Tensor, int] | None = None,
-                    ) -> tuple[Tensor, Tensor, Tensor]:
+                    lse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The k best one-token extensions of each sentence's live beams, as topk_candidates(alive[:, :, None] +
     log_softmax(logits) with the `banned` tokens at -inf, k) returns them, without writing out the (B, K, V)
     scores: logits (B*K, V) float (may be overwritten: the banned tokens become -inf), alive (B, K)
-    log-probabilities; row_ban: (rows (B*K,) bool, token), a token banned in those rows alone.
+    log-probabilities; row_ban: (rows (B*K,) bool, token), a token banned in those rows alone; lse: the rows'
+    logsumexp where the caller has it (constrained decoding needs it too).
 
     log_softmax shifts each row by a constant (its log-normaliser, taken before the bans, as the model's
     distribution), so a row's order is its logits' order. The vocabulary is cut into chunks of CHUNK tokens,
@@ -85,7 +86,7 @@ def step_candidates(logits: Tensor, alive: Tensor, banned: Tensor, k: int, row_b
     logits = logits.contiguous()  # a slice of the full pass's output without the cache
     rows, vocab = logits.shape
     b, beams = alive.shape
-    shift = alive.reshape(-1) - torch.logsumexp(logits, dim=1)  # (B*K,): log P(prefix) - log Z
+    shift = alive.reshape(-1) - (torch.logsumexp(logits, dim=1) if lse is None else lse)  # (B*K,): log P - log Z
     logits.index_fill_(1, banned, float("-inf"))
     if row_ban is not None:  # (B*K,) rows and the token banned in them alone (EOS before min_len, per sentence)
         logits[:, row_ban[1]].masked_fill_(row_ban[0], float("-inf"))
@@ -218,14 +219,16 @@ def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[
     t = beams.tokens.shape[1] - 1
     f = beams.forced
     eos_early = torch.as_tensor(t < rules.min_len).expand(m * k)  # EOS banned in every row before min_len
-    logits, alive = logits.float(), beams.alive
+    logits, alive, lse = logits.float(), beams.alive, None
     if f is not None:
         logits = logits.contiguous()
         if f.constrained:
             eos_early = eos_early | ~forcing.all_met(f, f.progress)  # no EOS while a constraint is missing
-            extra = forcing.extra_candidates(logits, alive, f, rules.banned, rules.eos_id, t)
-        alive = forcing.force_prefix(logits, alive, f, t)
-    cand, origin, token = step_candidates(logits, alive, rules.banned, 2 * k, (eos_early, rules.eos_id))
+            lse = torch.logsumexp(logits, dim=1)  # once, for the extra candidates and the 2K best
+            extra = forcing.extra_candidates(logits, alive, f, rules.banned, rules.eos_id, t, lse)
+        if forcing.inside_prefix(f, t).any():
+            alive, lse = forcing.force_prefix(logits, alive, f, t), None  # the masked rows' own normaliser
+    cand, origin, token = step_candidates(logits, alive, rules.banned, 2 * k, (eos_early, rules.eos_id), lse)
     last = (t + 1 >= beams.limit)[:, None]
     if f is not None and f.constrained:
         cand, origin, token, progress, keep, finishing, unmet = forcing.select(

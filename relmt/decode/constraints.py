@@ -167,14 +167,18 @@ def unique(rows: Tensor, tokens: Tensor, vocab: int) -> Tensor:
 
 
 def extra_candidates(logits: Tensor, alive: Tensor, forced: Forced, banned: Tensor, eos_id: int, t: int,
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+                     lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The candidates constrained decoding adds to the 2K best (scores, origin beams, tokens; (m, K*(1 + C)) each):
     for each live beam its own best token (not EOS, nor banned) and the next token of each phrase open to it,
     scored log P(prefix) + log p(token) from logits (m*K, V) as the model gives them (before any ban), -inf for
-    sentences inside their prefix and for phrases not open."""
+    sentences inside their prefix and for phrases not open; lse (m*K,): each row's logsumexp. A beam's own best
+    token is the best of its few top tokens that is neither EOS nor banned."""
     m, k = alive.shape
-    lse = torch.logsumexp(logits, dim=1, keepdim=True)
-    own_scores, own = logits.index_fill(1, torch.cat((banned, banned.new_tensor([eos_id]))), float("-inf")).max(1)
+    lse = lse[:, None]
+    top_scores, top = logits.topk(len(banned) + 2, dim=1)  # (m*K, few): one of them is allowed
+    allowed = ~torch.isin(top, torch.cat((banned, banned.new_tensor([eos_id]))))
+    first = allowed.int().argmax(1, keepdim=True)
+    own_scores, own = top_scores.gather(1, first)[:, 0], top.gather(1, first)[:, 0]
     need = wanted(forced)  # (m*K, C)
     need_scores = logits.gather(1, need.clamp(min=0)).masked_fill(need == NONE, float("-inf"))
     scores = (torch.cat((own_scores[:, None], need_scores), 1) - lse + alive.reshape(-1, 1))  # (m*K, 1 + C)
