@@ -9,6 +9,7 @@ import torch
 
 from relmt import checkpoint
 from relmt.config import DataConfig, SpmModel
+from relmt.data import regularise
 from relmt.data.dataset import SplitIds
 from relmt.data.regularise import Resampler, flat, resample
 from relmt.data.tokenizer import Tokenizer
@@ -54,13 +55,42 @@ def test_the_resampler_prepares_the_next_epoch_as_resample_would(split):
     assert rows(r.epoch(5), "tgt") == rows(resample(ids, tok, 0.3, -1, 1, 5), "tgt")  # a resume jumps
 
 
-def test_a_resumed_run_with_sampled_pieces_equals_an_uninterrupted_one(tmp_path):
+def test_stored_epochs_are_read_back_not_sampled_again(split, tmp_path, monkeypatch):
+    """sentencepiece samples other pieces for the same seed in another process, so a resume (a new process)
+    must read an epoch's pieces from the run, never sample them again."""
+    tok, ids = split
+    r = Resampler(ids, tok, 0.3, -1, seed=1, store=tmp_path / "pieces")
+    first = r.epoch(0)
+    r.worker.join()  # the next epoch is stored in the background
+    assert sorted(p.name for p in (tmp_path / "pieces").iterdir()) == ["epoch_0.npz", "epoch_1.npz"]
+    second = r.epoch(1)
+    r.worker.join()
+    assert sorted(p.name for p in (tmp_path / "pieces").iterdir()) == ["epoch_1.npz", "epoch_2.npz"]
+
+    def other_process(data, tok, alpha, nbest, seed, epoch):
+        assert epoch > 2, f"epoch {epoch} sampled again"
+        return data
+    monkeypatch.setattr("relmt.data.regularise.resample", other_process)
+    again = Resampler(ids, tok, 0.3, -1, seed=1, store=tmp_path / "pieces")
+    assert rows(again.epoch(1), "tgt") == rows(second, "tgt") != rows(first, "tgt")
+    again.worker.join()
+    rank1 = Resampler(ids, tok, 0.3, -1, seed=1, store=tmp_path / "pieces", sample=False)
+    assert rows(rank1.epoch(2), "src") == rows(again.epoch(2), "src")  # another rank reads what rank 0 stored
+    with pytest.raises(RuntimeError, match="rank 0 did not store epoch 7"):
+        rank1.epoch(7)
+
+
+def test_a_resumed_run_with_sampled_pieces_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     """12 training pairs: several epochs in 8 updates, each with its own sampled pieces."""
     common = ("data.toy.n_train=12", "data.spm_alpha=0.2", "data.spm_model_type=bpe", "data.vocab_size=300",
               "train.save_every=4", "train.eval_every=4", "train.valid_bleu=false")
     loop_module.train(tiny_config(tmp_path, "full", "train.max_steps=8", *common))
     loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=4", *common))
-    loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", "train.resume=true", *common))
+    with monkeypatch.context() as m:  # the resume is a new process: sentencepiece would sample other pieces
+        real = regularise.resample
+        m.setattr(regularise, "resample", lambda data, tok, alpha, nbest, seed, epoch:
+                  real(data, tok, alpha, nbest, seed + 100, epoch))
+        loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", "train.resume=true", *common))
     a, b = train_records(tmp_path / "full"), train_records(tmp_path / "split")
     assert max(r["epoch"] for r in a.values()) >= 2
     assert [a[s]["loss"] for s in range(1, 9)] == [b[s]["loss"] for s in range(1, 9)]

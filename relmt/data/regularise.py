@@ -5,17 +5,24 @@ many segmentations of each word. Evaluation, validation and translation never sa
 The cache keeps the deterministic ids (relmt/data/dataset.py); an epoch's sampled ids are made from them on the
 fly: each sentence is decoded from its cached pieces and encoded again with sampling (a unigram model samples a
 segmentation with smoothing `alpha` among its `nbest` best, -1 all; a BPE model drops each merge with
-probability `alpha`). sentencepiece draws from one generator per thread, seeded when the thread first samples,
-so each epoch is encoded in a thread of its own, seeded by (seed, epoch): the same epoch gives the same pieces
-after a resume. The next epoch is encoded in the background while this one trains (`Resampler`), off the
+probability `alpha`). The next epoch is encoded in the background while this one trains (`Resampler`), off the
 training step's critical path.
+
+sentencepiece draws from one generator per thread, seeded when the thread first samples, so each epoch is
+encoded in a thread of its own, seeded by (seed, epoch): within one process the same epoch gives the same
+pieces. Across processes it does not (sentencepiece 0.2.3 gives other pieces for the same seed in every new
+process), so a resume cannot sample an epoch again: each epoch's pieces are stored in the run directory
+(`pieces/epoch_N.npz`, the current epoch and the next) when they are made, and a resumed run, or another rank,
+reads them from there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
@@ -65,30 +72,82 @@ def resample(data: SplitIds, tokenizer: Tokenizer, alpha: float, nbest: int, see
     return out[0]
 
 
-class Resampler:
-    """The training split of each epoch, sampled (resample), with the next epoch prepared in the background."""
+def save(ids: SplitIds, path: Path) -> None:
+    """Writes an epoch's pieces atomically: a run killed while writing leaves the old file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, src=ids.src, src_offsets=ids.src_offsets, tgt=ids.tgt, tgt_offsets=ids.tgt_offsets)
+    os.replace(tmp, path)
 
-    def __init__(self, data: SplitIds, tokenizer: Tokenizer, alpha: float, nbest: int, seed: int) -> None:
+
+def load(path: Path) -> SplitIds:
+    with np.load(path) as z:
+        return SplitIds(z["src"], z["src_offsets"], z["tgt"], z["tgt_offsets"])
+
+
+class Resampler:
+    """The training split of each epoch, sampled (resample), with the next epoch prepared in the background.
+
+    With `store` (the run's `pieces/` folder) each epoch is written there as it is made and read back when it is
+    asked for again (a resume); with `sample=False` (ranks other than 0) it only reads what rank 0 stored."""
+
+    def __init__(self, data: SplitIds, tokenizer: Tokenizer, alpha: float, nbest: int, seed: int,
+                 store: Path | None = None, sample: bool = True) -> None:
         self.data, self.tokenizer, self.alpha, self.nbest, self.seed = data, tokenizer, alpha, nbest, seed
+        self.store, self.sample = store, sample
         self.ready: dict[int, SplitIds] = {}
         self.worker: threading.Thread | None = None
+        self.failed: BaseException | None = None  # the background encoding's error, raised when its epoch is due
+
+    def path(self, epoch: int) -> Path | None:
+        return None if self.store is None else self.store / f"epoch_{epoch}.npz"
 
     def _prepare(self, epoch: int) -> None:
-        self.ready[epoch] = resample(self.data, self.tokenizer, self.alpha, self.nbest, self.seed, epoch)
+        path = self.path(epoch)
+        if path is not None and path.exists():
+            self.ready[epoch] = load(path)
+            return
+        ids = resample(self.data, self.tokenizer, self.alpha, self.nbest, self.seed, epoch)
+        if path is not None:
+            save(ids, path)
+        self.ready[epoch] = ids
+
+    def _prepare_next(self, epoch: int) -> None:
+        try:
+            self._prepare(epoch)
+        except BaseException as e:  # noqa: BLE001 (a full disk, say): raised in the training thread
+            self.failed = e
+
+    def _forget_before(self, epoch: int) -> None:
+        """Removes the stored epochs before `epoch`: a resume never goes back to them."""
+        for old in self.store.glob("epoch_*.npz") if self.store is not None and self.sample else ():
+            if int(old.stem.split("_")[1]) < epoch:
+                old.unlink(missing_ok=True)
 
     def epoch(self, epoch: int) -> SplitIds:
         """Epoch `epoch`'s sampled split; starts encoding the next one in the background."""
         if self.worker is not None:
             self.worker.join()
             self.worker = None
+        if self.failed is not None:
+            failed, self.failed = self.failed, None
+            raise failed
+        if not self.sample:  # another rank: rank 0 stored this epoch before the barrier that precedes this call
+            path = self.path(epoch)
+            if path is None or not path.exists():
+                raise RuntimeError(f"subword regularisation: rank 0 did not store epoch {epoch} at {path}")
+            return load(path)
+        stored = (path := self.path(epoch)) is not None and path.exists() and epoch not in self.ready
         if epoch not in self.ready:
             self._prepare(epoch)
         data = self.ready.pop(epoch)
         self.ready = {}
-        self.worker = threading.Thread(target=self._prepare, args=(epoch + 1,), daemon=True)
+        self._forget_before(epoch)
+        self.worker = threading.Thread(target=self._prepare_next, args=(epoch + 1,), daemon=True)
         self.worker.start()
         n_det, n_new = len(self.data.src) + len(self.data.tgt), len(data.src) + len(data.tgt)
         log.info("epoch %d: subword regularisation (alpha %g, nbest %d) cut the training split into %d pieces "
-                 "(%+.1f%% against the deterministic %d)", epoch, self.alpha, self.nbest, n_new,
-                 100 * (n_new / max(n_det, 1) - 1), n_det)
+                 "(%+.1f%% against the deterministic %d)%s", epoch, self.alpha, self.nbest, n_new,
+                 100 * (n_new / max(n_det, 1) - 1), n_det, f"; read from {path}" if stored else "")
         return data

@@ -240,15 +240,21 @@ def train(cfg: Config) -> dict:
     tokenizer, train_ids = corpus.tokenizer, corpus.ids("train")
     sampler = BatchSampler(train_ids, tcfg.max_padded_tokens, cfg.seed, True, dist.rank, dist.world_size,
                            tcfg.max_sentences, tcfg.batch_by.value)
-    resampler = (Resampler(train_ids, tokenizer, cfg.data.spm_alpha, cfg.data.spm_nbest, cfg.seed)
-                 if cfg.data.spm_alpha > 0 else None)  # subword regularisation: each epoch's pieces sampled
+    # Subword regularisation: each epoch's pieces sampled by rank 0 and stored in the run, for a resume and the
+    # other ranks (sentencepiece's sampling is not reproducible across processes).
+    resampler = (Resampler(train_ids, tokenizer, cfg.data.spm_alpha, cfg.data.spm_nbest, cfg.seed,
+                           store=out / "pieces", sample=dist.is_main) if cfg.data.spm_alpha > 0 else None)
 
     def epoch_batches(epoch: int) -> tuple[SplitIds, list]:
         """An epoch's training ids and its batches: the cached ids, or with subword regularisation the epoch's
         sampled ones, batched by their own lengths."""
         if resampler is None:
             return train_ids, sampler.epoch(epoch)
-        ids = resampler.epoch(epoch)
+        if dist.is_main:
+            ids = resampler.epoch(epoch)
+        distributed.barrier(dist)  # rank 0 has stored the epoch's pieces
+        if not dist.is_main:
+            ids = resampler.epoch(epoch)
         return ids, BatchSampler(ids, tcfg.max_padded_tokens, cfg.seed, True, dist.rank, dist.world_size,
                                  tcfg.max_sentences, tcfg.batch_by.value).epoch(epoch)
     chunked = tcfg.output_loss == OutputLoss.chunked or (tcfg.output_loss == OutputLoss.auto
