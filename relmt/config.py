@@ -93,6 +93,7 @@ class Source(str, Enum):
     toy = "toy"  # the synthetic corpus generated from a seed (relmt.data.toy); no download
     text = "text"  # a folder of {split}.{lang} plain-text files
     hf = "hf"  # datasets.load_dataset: a Hub id, a local save_to_disk folder, or parquet/json files
+    corpora = "corpora"  # several corpora, each a toy, text or hf source with a weight (data.corpora)
 
 
 class SpmModel(str, Enum):
@@ -127,6 +128,24 @@ class ToyConfig:
     n_test: int = 500  # test pairs (1..max_words words)
     n_test_long: int = 500  # test_long pairs (max_words+1..2*max_words words: length generalisation)
     max_words: int = 16  # L: train/valid/test have 1..L words, test_long has L+1..2L
+
+
+@dataclass
+class CorpusConfig:
+    """One corpus of data.corpora (source=corpora; relmt/data/mix.py): where its pairs come from, as a
+    one-corpus data config says it, and its share of the training batches."""
+
+    name: str = "???"  # a label: its evaluation splits are {name}_{split}, and the mix is logged by it
+    source: Source = Source.text  # toy | text | hf
+    src: str | None = None  # its language codes; default data.src and data.tgt
+    tgt: str | None = None
+    splits: dict[str, str] = field(default_factory=dict)  # as data.splits: "train" required, "valid" optional
+    dir: str | None = None  # source=text
+    hf_path: str | None = None  # source=hf, with hf_name and hf_revision as data's
+    hf_name: str | None = None
+    hf_revision: str | None = None
+    toy: ToyConfig = field(default_factory=ToyConfig)  # source=toy
+    weight: float = 1.0  # its share of each epoch's training pairs is weight / (the sum of the weights)
 
 
 def source_checkout() -> Path | None:
@@ -189,9 +208,18 @@ class DataConfig:
     num_proc: int = 1  # processes for datasets.map
     # upper edges (source words) of the buckets for BLEU by source length, reported on the test splits
     length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
+    # source=corpora: the corpora, each with its weight (docs/data.md, "Several corpora"). An epoch draws as
+    # many training pairs as all corpora hold, each corpus its weight's share of them.
+    corpora: list[CorpusConfig] = field(default_factory=list)
+    valid_corpus: str = ""  # source=corpora: whose valid split validates (best.pt); "" = the first with one
+    # Johnson et al. 2017: the target-language tag <2xx> (xx: the pair's tgt code) starts every source, a
+    # user-defined symbol of the joint sentencepiece model; translation takes tgt_lang=xx
+    lang_tags: bool = False
 
     def __post_init__(self) -> None:
-        if self.source != Source.toy:
+        if self.source == Source.corpora:
+            self._check_corpora()
+        elif self.source != Source.toy:
             for split in ("train", "valid"):
                 _check(split in self.splits, "data.splits",
                        f"must map '{split}' to a split of the source, got {dict(self.splits)}")
@@ -221,10 +249,44 @@ class DataConfig:
         _check(not self.lowercase or self.spm_normalization == SpmNormalization.identity, "data.lowercase",
                f"needs data.spm_normalization=identity (got {self.spm_normalization.value}): sentencepiece "
                "takes one rule table, and lowercasing is one")
+        _check(self.source == Source.corpora or not self.corpora, "data.corpora",
+               f"needs data.source=corpora (got {self.source.value})")
+        _check(self.source == Source.corpora or not self.lang_tags, "data.lang_tags",
+               "tags the sources of several language pairs: it needs data.source=corpora")
         t = self.toy
         _check(t.max_words >= 2, "data.toy.max_words", "must be >= 2")
         for name in ("n_train", "n_valid", "n_test", "n_test_long"):
             _check(getattr(t, name) >= 0, f"data.toy.{name}", "must be >= 0")
+
+
+    def _check_corpora(self) -> None:
+        _check(len(self.corpora) >= 1, "data.corpora", "source=corpora needs at least one corpus")
+        names = [c.name for c in self.corpora]
+        for i, c in enumerate(self.corpora):
+            key = f"data.corpora[{i}]"
+            _check(c.name not in ("", "???") and c.name.replace("_", "").replace("-", "").isalnum(), f"{key}.name",
+                   f"must be a label of letters, digits, - and _, got {c.name!r}")
+            _check(c.name not in names[:i], f"{key}.name", f"{c.name!r} names two corpora")
+            _check(c.source != Source.corpora, f"{key}.source", "must be toy, text or hf")
+            _check(c.weight >= 0 and c.weight < float("inf"), f"{key}.weight", f"must be >= 0, got {c.weight}")
+            _check(c.source == Source.toy or "train" in c.splits, f"{key}.splits",
+                   f"must map 'train' to a split of the source, got {dict(c.splits)}")
+            _check(c.source != Source.text or bool(c.dir), f"{key}.dir", "is required for source=text")
+            _check(c.source != Source.hf or bool(c.hf_path), f"{key}.hf_path", "is required for source=hf")
+            _check((c.src or self.src) != (c.tgt or self.tgt), f"{key}.tgt", "must differ from its src")
+        _check(sum(c.weight for c in self.corpora) > 0, "data.corpora", "needs a weight > 0")
+        with_valid = [c.name for c in self.corpora if c.source == Source.toy or "valid" in c.splits]
+        _check(bool(with_valid), "data.corpora", "no corpus has a valid split: map 'valid' in one's splits")
+        _check(not self.valid_corpus or self.valid_corpus in with_valid, "data.valid_corpus",
+               f"must name a corpus with a valid split ({', '.join(with_valid)}), got {self.valid_corpus!r}")
+        _check(not self.dir and not self.hf_path and not self.splits, "data.dir",
+               "source=corpora reads each corpus's own dir, hf_path and splits (data.corpora[i].dir, ...)")
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Each corpus's (src, tgt) language codes (one pair unless source=corpora)."""
+        if self.source != Source.corpora:
+            return [(self.src, self.tgt)]
+        return [(c.src or self.src, c.tgt or self.tgt) for c in self.corpora]
 
 
 class LrSchedule(str, Enum):

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 
 from relmt.config import DataConfig, Source
-from relmt.data.sources import load_pairs, origin
+from relmt.data.sources import lang_tag, load_pairs, origin
 from relmt.data.tokenizer import EOS_ID, Tokenizer, train_tokenizer
 from relmt.errors import UserError
 
@@ -92,6 +92,11 @@ class Corpus:
         # more, and collate slices once per example.
         return SplitIds(*(np.load(self.dir / "ids" / f"{split}.{a}.npy", mmap_mode="r").view(np.ndarray)
                           for a in ID_ARRAYS))
+
+    def corpus_labels(self, split: str = "train") -> np.ndarray | None:
+        """source=corpora: the index in data.corpora of each pair of `split`; None for one corpus."""
+        path = self.dir / "ids" / f"{split}.corpus.npy"
+        return np.load(path) if path.is_file() else None
 
     def texts(self, split: str, side: str) -> list[str]:
         """The raw sentences of one side ('src' or 'tgt'): references for BLEU."""
@@ -170,6 +175,10 @@ def cache_key(cfg: DataConfig) -> str:
     it lies does not matter."""
     ignored = ("num_proc", "cache_dir", "name", "length_buckets", "spm_alpha", "spm_nbest")  # sampled on the fly
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignored}
+    if cfg.source == Source.corpora:  # each corpus by its content; the weights only decide the draws
+        from relmt.data.sources import corpus_config
+
+        settings["corpora"] = [_corpus_key(corpus_config(cfg, i), c) for i, c in enumerate(settings["corpora"])]
     if cfg.source != Source.toy:
         settings.pop("toy")
     else:
@@ -183,6 +192,17 @@ def cache_key(cfg: DataConfig) -> str:
     settings["version"] = CACHE_VERSION
     blob = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _corpus_key(sub: DataConfig, corpus: dict) -> dict:
+    """One corpus's part of the cache key: its settings without its weight, its local files by content."""
+    out = {k: v for k, v in corpus.items() if k != "weight"}
+    if sub.source != Source.toy:
+        out.pop("toy")
+    if (files := _local_files(sub)) is not None:
+        out.pop("dir" if sub.source == Source.text else "hf_path")
+        out["files"] = files
+    return out
 
 
 @lru_cache(maxsize=4)
@@ -277,7 +297,8 @@ def _build(cfg: DataConfig, out: Path) -> dict:
     spm_path = out / "spm.model"
     train_tokenizer(itertools.chain([first], sentences), spm_path, cfg.vocab_size, cfg.spm_model_type.value,
                     cfg.spm_character_coverage, cfg.spm_input_sentence_size, num_threads=max(cfg.num_proc, 2),
-                    normalization=cfg.spm_normalization.value, lowercase=cfg.lowercase)
+                    normalization=cfg.spm_normalization.value, lowercase=cfg.lowercase,
+                    user_symbols=sorted({lang_tag(tgt) for _, tgt in cfg.pairs()}) if cfg.lang_tags else ())
     t_spm = time.perf_counter()
     features = datasets.Features({
         "src": datasets.Value("string"), "tgt": datasets.Value("string"),
@@ -287,7 +308,10 @@ def _build(cfg: DataConfig, out: Path) -> dict:
     (out / "ids").mkdir()
     stats, texts = {}, {}
     for name, ds in raw.items():
-        ds = ds.map(_encode, batched=True, batch_size=2000, features=features, desc=f"encode {name}",
+        by_corpus = "corpus" in ds.column_names  # source=corpora's training split: whose each pair is
+        ds = ds.map(_encode, batched=True, batch_size=2000, desc=f"encode {name}",
+                    features=datasets.Features({**features, "corpus": datasets.Value("int16")}) if by_corpus
+                    else features,
                     num_proc=cfg.num_proc if len(ds) >= 10_000 else None,
                     fn_kwargs=dict(model_path=str(spm_path), max_tokens=cfg.max_tokens_per_side,
                                    max_ratio=cfg.max_length_ratio, max_src_words=cfg.train_max_src_words))
@@ -308,9 +332,18 @@ def _build(cfg: DataConfig, out: Path) -> dict:
         else:  # evaluation splits keep every pair
             dropped, empty = {}, int((drop == EMPTY).sum())
         _write_ids(ds.data, keep, out / "ids", name)
+        stats[name] = {"pairs": len(drop), "kept": int(len(drop) if keep is None else keep.sum()), "dropped": dropped,
+                       "empty_kept": empty}
+        if by_corpus:
+            corpus = ds.data.column("corpus").to_numpy().astype(np.int16)
+            np.save(out / "ids" / f"{name}.corpus.npy", corpus if keep is None else corpus[keep])
+            names = [c.name for c in cfg.corpora]
+            stats[name]["by_corpus"] = {n: {"pairs": int((corpus == i).sum()),
+                                            "kept": int((corpus[keep] == i).sum() if keep is not None
+                                                        else (corpus == i).sum())} for i, n in enumerate(names)}
+            ds = ds.remove_columns(["corpus"])
         ds = ds.remove_columns(["src_ids", "tgt_ids", "drop"])  # the ids live in ids/*.npy
         texts[name] = ds if keep is None else ds.select(np.flatnonzero(keep))
-        stats[name] = {"pairs": len(drop), "kept": len(texts[name]), "dropped": dropped, "empty_kept": empty}
     t_encode = time.perf_counter()
     datasets.DatasetDict(texts).save_to_disk(str(out / "encoded"))
     t_end = time.perf_counter()
@@ -388,6 +421,9 @@ def prepare(cfg: DataConfig) -> Corpus:
     for name, st in meta["splits"].items():
         for reason, n in st["dropped"].items():
             log.warning("%s: dropped %d of %d pairs (%s)", name, n, st["pairs"], reason)
+        for part, c in st.get("by_corpus", {}).items():
+            if c["kept"] < c["pairs"]:
+                log.warning("%s: dropped %d of corpus %s's %d pairs", name, c["pairs"] - c["kept"], part, c["pairs"])
         if st["empty_kept"]:
             log.warning("%s: %d pairs with an empty side kept (evaluation splits are never filtered)",
                         name, st["empty_kept"])

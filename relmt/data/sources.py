@@ -1,11 +1,15 @@
 """Raw sentence pairs from any supported corpus, as a `datasets.DatasetDict` of `src`/`tgt` strings.
 
-Three sources yield the same shape (`DataConfig.source`):
+Four sources yield the same shape (`DataConfig.source`):
 - toy: the synthetic language pair of relmt.data.toy, generated from a seed;
 - text: a folder of `{split}.{lang}` files, line i of one aligned with line i of the other;
 - hf: `datasets.load_dataset` on a Hub id (WMT14, Multi30k, ...), or a local copy of the same
   shape: a `save_to_disk` folder or a folder of parquet/json files. Rows are either
-  `{"translation": {lang: text}}` (WMT) or one column per language (Multi30k).
+  `{"translation": {lang: text}}` (WMT) or one column per language (Multi30k);
+- corpora: several of the above (`data.corpora`): their training splits in one, with a `corpus`
+  column saying whose each pair is (relmt/data/mix.py draws from them by weight); the evaluation
+  splits as `{corpus}_{split}`, but for the valid split of `data.valid_corpus`, which is `valid`.
+  With `data.lang_tags` every source starts with its pair's target-language tag, `<2xx>`.
 Bad input (a missing file, unequal line counts, invalid UTF-8, a NUL character, a missing value, an
 unknown split or language) raises `UserError` naming the file and line, or the split and row, or the
 key. Other control characters are kept, with a warning that says how many and where the first is.
@@ -13,6 +17,7 @@ key. Other control characters are kept, with a warning that says how many and wh
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from pathlib import Path
@@ -33,6 +38,8 @@ _CONTROL_RE = re.compile(f"[{CONTROL}]")
 
 def load_pairs(cfg: DataConfig) -> datasets.DatasetDict:
     """{canonical split: Dataset with columns src, tgt}; toy splits are train/valid/test/test_long."""
+    if cfg.source == Source.corpora:
+        return _corpora(cfg)
     if cfg.source == Source.toy:
         return _toy(cfg)
     if cfg.source == Source.text:
@@ -99,8 +106,64 @@ def _warn_control(text: str, name: str, first_line: int = 1) -> None:
                 name, n, line, ord(first.group()))
 
 
+def lang_tag(lang: str) -> str:
+    """The target-language tag that starts a multilingual model's sources (Johnson et al. 2017)."""
+    return f"<2{lang}>"
+
+
+def corpus_config(cfg: DataConfig, i: int) -> DataConfig:
+    """Corpus i of data.corpora as a one-corpus data config, for loading it and naming its files in errors
+    (a copy: a corpus without a valid split is not a complete data config of its own)."""
+    c = cfg.corpora[i]
+    sub = copy.copy(cfg)
+    sub.__dict__.update(name=c.name, source=c.source, src=c.src or cfg.src, tgt=c.tgt or cfg.tgt,
+                        splits=dict(c.splits), dir=c.dir, hf_path=c.hf_path, hf_name=c.hf_name,
+                        hf_revision=c.hf_revision, toy=c.toy, corpora=[], valid_corpus="", lang_tags=False)
+    return sub
+
+
+def valid_corpus(cfg: DataConfig) -> str:
+    """The corpus whose valid split validates: data.valid_corpus, or the first with a valid split."""
+    return cfg.valid_corpus or next(c.name for c in cfg.corpora if c.source == Source.toy or "valid" in c.splits)
+
+
+def _corpora(cfg: DataConfig) -> datasets.DatasetDict:
+    out, trains, primary = {}, [], valid_corpus(cfg)
+    for i, c in enumerate(cfg.corpora):
+        sub = corpus_config(cfg, i)
+        raw = load_pairs(sub)
+        for name in [n for n, d in raw.items() if c.source == Source.toy and n not in ("train", "valid")
+                     and len(d) == 0]:
+            log.info("the toy split '%s' of %s is empty (data.corpora[%d].toy.n_%s=0): left out", name, c.name, i,
+                     name)
+            del raw[name]
+        if cfg.lang_tags:  # an empty source stays empty: the empty-pair filter still sees it
+            tag = lang_tag(sub.tgt)
+            raw = datasets.DatasetDict({n: d.map(lambda b, tag=tag: {"src": [f"{tag} {s}" if s.strip() else s
+                                                                             for s in b["src"]]},
+                                                 batched=True, desc=f"tag {c.name} {n}")
+                                        for n, d in raw.items()})
+        trains.append(raw["train"].add_column("corpus", [i] * len(raw["train"])))
+        for name, ds in raw.items():
+            if name != "train":
+                out["valid" if name == "valid" and c.name == primary else f"{c.name}_{name}"] = ds
+    log.info("corpora: %s", ", ".join(f"{c.name} ({len(t)} training pairs, weight {c.weight:g})"
+                                      for c, t in zip(cfg.corpora, trains)))
+    return datasets.DatasetDict({"train": datasets.concatenate_datasets(trains), **out})
+
+
 def origin(cfg: DataConfig, name: str) -> str:
     """Where the canonical split `name` comes from, for error messages: its files, or its source split."""
+    if cfg.source == Source.corpora:
+        if name == "train":
+            return f"the training splits of data.corpora ({', '.join(c.name for c in cfg.corpora)})"
+        primary = valid_corpus(cfg)
+        for i, c in enumerate(cfg.corpora):
+            if name == "valid" and c.name == primary:
+                return f"{origin(corpus_config(cfg, i), 'valid')} of data.corpora[{i}] ({c.name})"
+            if name.startswith(f"{c.name}_") and name[len(c.name) + 1:] in (c.splits or ("test", "test_long")):
+                return f"{origin(corpus_config(cfg, i), name[len(c.name) + 1:])} of data.corpora[{i}] ({c.name})"
+        return f"the split '{name}' of data.corpora"
     if cfg.source == Source.toy:
         return f"the toy split '{name}' (data.toy)"
     split = cfg.splits[name]

@@ -28,7 +28,7 @@ ONE_BY_ONE = 64
 def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model_type: str,
                     character_coverage: float = 1.0, input_sentence_size: int = 2_000_000,
                     seed: int = 1, num_threads: int = 2, normalization: str = "identity",
-                    lowercase: bool = False) -> None:
+                    lowercase: bool = False, user_symbols: Iterable[str] = ()) -> None:
     """Train a sentencepiece model on `sentences` and write it to `path` atomically.
 
     `vocab_size` is an upper bound (hard_vocab_limit=False): a small corpus such as the toy one has
@@ -36,7 +36,8 @@ def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model
     `normalization` is spm's normalization_rule_name (config.SpmNormalization). spm's own default,
     nmt_nfkc, rewrites '…' as '...' and 'ﬁ' as 'fi' for good, so the decoded output could never match
     such characters in a raw reference; identity keeps them. `lowercase` replaces the rule by
-    `lowercase_rules`, which spm stores in the model and applies to every input.
+    `lowercase_rules`, which spm stores in the model and applies to every input. `user_symbols` (the
+    multilingual target-language tags) are each always one piece.
     """
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
@@ -53,6 +54,7 @@ def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model
             # whitespace, so they never change a score, and keeping them would spend pieces on space runs.
             remove_extra_whitespaces=True,
             minloglevel=2, **({"normalization_rule_tsv": str(rules)} if lowercase else {}),
+            **({"user_defined_symbols": list(user_symbols)} if user_symbols else {}),
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

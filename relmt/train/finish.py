@@ -23,11 +23,12 @@ log = logging.getLogger(__name__)
 
 
 def summary(state: TrainState, completed: bool, out: Path, n_params: int, wall_seconds: float, valid: dict,
-            stopped_early: dict | None = None) -> dict:
+            stopped_early: dict | None = None, mix: dict | None = None) -> dict:
     """The run's figures for metrics.json: progress, speed and the machine it was measured on (the last
     session's, for a resumed run), skipped updates, the last and the best validation, where train.patience
-    stopped the run (else None) and the checkpoint train.init_from started it from (else None). A run
-    stopped early is completed, like one that reached max_steps."""
+    stopped the run (else None), the checkpoint train.init_from started it from (else None) and, with several
+    corpora, the mix trained on (relmt/data/mix.py's `seen`; else None). A run stopped early is completed, like
+    one that reached max_steps."""
     seconds = max(state.train_seconds, 1e-9)
     return {"status": "completed" if completed else "interrupted", "stopped_early": stopped_early,
             "init_from": state.init_from, "run_dir": str(out), "steps": state.step,
@@ -36,7 +37,8 @@ def summary(state: TrainState, completed: bool, out: Path, n_params: int, wall_s
             "src_tgt_tokens_per_s": (state.src_tokens + state.tgt_tokens) / seconds,
             "host": host(),
             "skipped_updates": state.bad_total, "final_valid": valid,
-            "best": {"metric": state.best_metric, "value": state.best_value, "step": state.best_step}}
+            "best": {"metric": state.best_metric, "value": state.best_value, "step": state.best_step},
+            "mix": mix}
 
 
 def params_in_sync(model: torch.nn.Module, dist: distributed.Dist) -> bool:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
 import torch
 import yaml
 from torch.nn.parallel import DistributedDataParallel
@@ -37,6 +38,7 @@ from tqdm import tqdm
 
 from relmt import checkpoint, runtime
 from relmt.config import AUTO_CHUNK_VOCAB, Config, OutputLoss, TrainConfig, to_dict
+from relmt.data import mix as mixing
 from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import Corpus, SplitIds, prepare
 from relmt.data.regularise import Resampler
@@ -245,18 +247,42 @@ def train(cfg: Config) -> dict:
     resampler = (Resampler(train_ids, tokenizer, cfg.data.spm_alpha, cfg.data.spm_nbest, cfg.seed,
                            store=out / "pieces", sample=dist.is_main) if cfg.data.spm_alpha > 0 else None)
 
-    def epoch_batches(epoch: int) -> tuple[SplitIds, list]:
-        """An epoch's training ids and its batches: the cached ids, or with subword regularisation the epoch's
-        sampled ones, batched by their own lengths."""
-        if resampler is None:
-            return train_ids, sampler.epoch(epoch)
-        if dist.is_main:
-            ids = resampler.epoch(epoch)
-        distributed.barrier(dist)  # rank 0 has stored the epoch's pieces
-        if not dist.is_main:
-            ids = resampler.epoch(epoch)
+    # Several corpora (data.corpora): each epoch's pairs drawn by weight (relmt/data/mix.py)
+    labels, corpus_names = corpus.corpus_labels("train"), [c.name for c in cfg.data.corpora]
+    mix = None if labels is None else mixing.Mix(labels, [c.weight for c in cfg.data.corpora], corpus_names,
+                                                      cfg.seed)
+    if mix is not None:
+        log.info("the mix: each epoch draws %s", mix.plan())
+
+    def epoch_batches(epoch: int) -> tuple[SplitIds, list, np.ndarray | None]:
+        """An epoch's training ids, its batches and (several corpora) each pair's corpus: the cached ids, or with
+        subword regularisation the epoch's sampled ones; with several corpora, the pairs the epoch draws. Batched
+        by their own lengths."""
+        if resampler is None and mix is None:
+            return train_ids, sampler.epoch(epoch), None
+        ids, epoch_labels = train_ids, None
+        if resampler is not None:
+            if dist.is_main:
+                ids = resampler.epoch(epoch)
+            distributed.barrier(dist)  # rank 0 has stored the epoch's pieces
+            if not dist.is_main:
+                ids = resampler.epoch(epoch)
+        if mix is not None:
+            index = mix.epoch(epoch)
+            ids, epoch_labels = mixing.take(ids, index), mix.labels[index]
         return ids, BatchSampler(ids, tcfg.max_padded_tokens, cfg.seed, True, dist.rank, dist.world_size,
-                                 tcfg.max_sentences, tcfg.batch_by.value).epoch(epoch)
+                                 tcfg.max_sentences, tcfg.batch_by.value).epoch(epoch), epoch_labels
+    seen = np.zeros((2, len(corpus_names)), dtype=np.int64)  # this rank's pairs, target tokens per corpus, to add
+
+    def count_mix() -> None:
+        """Adds every rank's counts since the last call to the state's (at each log line and checkpoint)."""
+        counts = seen.ravel().tolist()
+        if dist.world_size > 1:
+            counts = [int(round(c)) for c in distributed.all_reduce_sum([float(c) for c in counts], dist)]
+        k = len(corpus_names)
+        state.mix_pairs = [a + b for a, b in zip(state.mix_pairs or [0] * k, counts[:k])]
+        state.mix_tokens = [a + b for a, b in zip(state.mix_tokens or [0] * k, counts[k:])]
+        seen[:] = 0
     chunked = tcfg.output_loss == OutputLoss.chunked or (tcfg.output_loss == OutputLoss.auto
                                                           and tokenizer.vocab_size >= AUTO_CHUNK_VOCAB)
     if not sampler.epoch(0):
@@ -305,14 +331,19 @@ def train(cfg: Config) -> dict:
     valid = state.last_valid  # a resume after the last update has no validation left to run
     interrupted = False
     window = dict.fromkeys(WINDOW, 0.0)
-    epoch_ids, batches = epoch_batches(state.epoch)
+    epoch_ids, batches, epoch_labels = epoch_batches(state.epoch)
     first_step, t_session = state.step, time.perf_counter()  # this session's updates, for the ETA
     with stop_signals() as received:
         while not finished(state, tcfg) and not interrupted:
             t0 = time.perf_counter()
             lr = learning_rate(tcfg, cfg.model.d_model, state.step + 1)
-            group = [collate(epoch_ids, index, tcfg.pad_to_multiple).to(dist.device)
-                     for index in batches[state.batch: state.batch + tcfg.update_freq]]
+            indices = batches[state.batch: state.batch + tcfg.update_freq]
+            group = [collate(epoch_ids, index, tcfg.pad_to_multiple).to(dist.device) for index in indices]
+            if epoch_labels is not None:
+                for index in indices:
+                    seen[0] += np.bincount(epoch_labels[index], minlength=len(corpus_names))
+                    seen[1] += np.bincount(epoch_labels[index], weights=epoch_ids.tgt_lens[index],
+                                           minlength=len(corpus_names)).astype(np.int64)
             loss_sum, nll_sum, n_tgt, n_src, grad_norm = train_step(
                 model, net, optimizer, scaler, group, lr, tcfg.label_smoothing, amp, dist, ddp, tcfg.clip_norm,
                 chunked)
@@ -324,7 +355,7 @@ def train(cfg: Config) -> dict:
             state.batch += len(group)
             if state.batch >= len(batches):
                 state.epoch, state.batch = state.epoch + 1, 0
-                epoch_ids, batches = epoch_batches(state.epoch)
+                epoch_ids, batches, epoch_labels = epoch_batches(state.epoch)
             seconds = time.perf_counter() - t0
             state.train_seconds += seconds
             state.src_tokens, state.tgt_tokens = state.src_tokens + int(n_src), state.tgt_tokens + int(n_tgt)
@@ -335,6 +366,12 @@ def train(cfg: Config) -> dict:
             if state.step % tcfg.log_every == 0:
                 log_window(window, lr, state.step, state.epoch, run_log, bar, until)
                 window = dict.fromkeys(WINDOW, 0.0)
+                if mix is not None:
+                    count_mix()
+                    realised = mixing.seen(state.mix_pairs, state.mix_tokens, corpus_names)
+                    if run_log is not None:
+                        run_log.record(state.step, "mix", realised)
+                        log.info("step %d | mix seen so far: %s", state.step, mixing.describe(realised))
             elif state.step - first_step == EARLY_UPDATES and dist.is_main:  # progress before the first log line
                 log.info("step %d | first %d updates: %.0f tgt tok/s, %.2f s per update%s", state.step,
                          EARLY_UPDATES, window["tgt"] / window["seconds"], window["seconds"] / window["updates"],
@@ -353,6 +390,8 @@ def train(cfg: Config) -> dict:
                 names += [f"step_{state.step}.pt", "last.pt"]
             if interrupted and "last.pt" not in names:
                 names.append("last.pt")
+            if names and mix is not None:
+                count_mix()
             if names:
                 state.wall_seconds = wall()
                 resume.save_checkpoints(ckpt_dir, names, model, optimizer, scaler, state, cfg, spm, dist,
@@ -361,8 +400,11 @@ def train(cfg: Config) -> dict:
 
     # A signal during the final update still stops the run: its tests are not scored, so it is not
     # completed; a resume finds nothing left to train and scores them.
+    if mix is not None:
+        count_mix()
     metrics = finish.summary(state, finished(state, tcfg) and not interrupted, out, n_params, wall(), valid,
-                             stopped_early(state, tcfg))
+                             stopped_early(state, tcfg),
+                             mixing.seen(state.mix_pairs, state.mix_tokens, corpus_names) if mix else None)
     if dist.world_size > 1:
         metrics["ddp_params_in_sync"] = finish.params_in_sync(model, dist)
     if interrupted:

@@ -56,13 +56,19 @@ class TrainState:
     # the latest validation's figures: metrics.json's final_valid, kept here so that a run resumed
     # after its last update (stopped during the test decoding) still reports them
     last_valid: dict = field(default_factory=dict)
+    # source=corpora: the pairs and target tokens trained on from each corpus so far, summed over ranks
+    mix_pairs: list[int] = field(default_factory=list)
+    mix_tokens: list[int] = field(default_factory=list)
 
 
 def batch_source(data: DataConfig, world_size: int) -> dict:
     """What the batches depend on besides the config's batch-order keys, saved in checkpoints as
     "batches": the data's content (its cache key, which ignores where the files lie) and the number
     of ranks (each rank draws its own share of every epoch's batches)."""
-    return {"data": cache_key(data), "world_size": world_size}
+    out = {"data": cache_key(data), "world_size": world_size}
+    if data.corpora:  # the weights decide each epoch's pairs, though not the cached data
+        out["mix"] = {c.name: c.weight for c in data.corpora}
+    return out
 
 
 def resume_checkpoint(ckpt_dir: Path) -> tuple[Path, dict]:
@@ -125,6 +131,10 @@ def check_resume_config(saved: dict, current: dict, path: Path, saved_batches: d
         raise UserError(f"{path}: cannot resume on {n} rank{'s' * (n != 1)} (saved on {m}): every rank's batches "
                         f"would differ from the saved run's; resume with {m} (torchrun --nproc-per-node {m}), "
                         "or start a new run directory")
+    if batches is not None and saved_batches is not None and batches.get("mix") != saved_batches.get("mix"):
+        raise UserError(f"{path}: cannot resume with the corpus weights {batches.get('mix')} (saved: "
+                        f"{saved_batches.get('mix')}): every epoch would draw other pairs; restore data.corpora's "
+                        "weights, or start a new run directory")
     if changed:
         log.info("resuming with changed settings: %s", ", ".join(f"{k}={new[k]} (was {old[k]})" for k in changed))
 
