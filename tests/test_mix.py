@@ -83,7 +83,8 @@ def test_two_corpora_train_in_their_weights_share_with_per_corpus_splits_and_tag
 
 def test_a_killed_run_with_mixing_and_sampling_resumes_with_the_same_batches_and_losses(tmp_path):
     small = tuple(c.replace("n_train: 300", "n_train: 90").replace("n_train: 120", "n_train: 40") for c in CORPORA)
-    common = (*small, "data.spm_alpha=0.2", "data.spm_model_type=bpe", "train.max_padded_tokens=2048", "train.save_every=4", "train.eval_every=4", "train.valid_bleu=false",
+    common = (*small, "data.spm_alpha=0.2", "data.spm_model_type=bpe", "train.max_padded_tokens=2048",
+              "train.save_every=4", "train.eval_every=4", "train.valid_bleu=false",
               "train.log_every=2")
     loop_module.train(tiny_config(tmp_path, "full", "train.max_steps=10", *common))
     loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=4", *common))
@@ -139,7 +140,8 @@ def test_a_missing_corpus_file_names_the_file_and_the_corpus(tmp_path):
     for name in ("train.src", "train.tgt", "valid.src", "valid.tgt"):
         (tmp_path / "c" / name).write_text("a b\n")
     cfg = DataConfig(source=Source.corpora, cache_dir=str(tmp_path / "cache"), corpora=[
-        CorpusConfig(name="ok", source=Source.text, dir=str(tmp_path / "c"), splits={"train": "train", "valid": "valid"}),
+        CorpusConfig(name="ok", source=Source.text, dir=str(tmp_path / "c"),
+                     splits={"train": "train", "valid": "valid"}),
         CorpusConfig(name="gone", source=Source.text, dir=str(tmp_path / "c"), splits={"train": "missing"})])
     with pytest.raises(UserError, match=r"c/missing.src: no such file \(split 'missing'"):
         prepare(cfg)
