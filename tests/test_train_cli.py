@@ -80,7 +80,11 @@ def test_cli_run_writes_the_run_directory_and_prints_bleu(tmp_path):
     ("trian.max_steps=100", "trian.max_steps: no such key (did you mean train.max_steps?)"),
     ("train.max_steps=-1", "train.max_steps: must be >= 0"),
     ("model.max_relative_position=-2", "model.max_relative_position: k must be >= 0"),
-    ("data=nope", "data=nope: no such config; the data configs (configs/data/) are europarl_split, multi30k,"),
+    ("data=nope", "data=nope: no such config; the data configs (configs/data/) are europarl_split, "
+                  "mix_m30k_europarl, multi30k,"),
+    ("data.corpora.0.wieght=2", "data.corpora.0.wieght: no such key in data.corpora.0 (did you mean "
+                                "data.corpora.0.weight?)"),
+    ("data.corpora.1.weight=heavy", "data.corpora.1.weight=heavy: must be a number"),
     ("model=tinny", "model=tinny: no such config (did you mean tiny?); the model configs (configs/model/) are base,"),
     ("train.lr=0.1", "train.lr was renamed: use train.noam_scale under lr_schedule=noam, train.peak_lr under"),
     ("train.max_tokens=512", "train.max_tokens was renamed: use train.max_padded_tokens"),

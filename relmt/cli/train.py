@@ -109,6 +109,10 @@ def check_overrides(argv: list[str]) -> list[str]:
                 kind = typing.get_args(kind)[1]
                 path.append(part)
                 continue
+            if typing.get_origin(kind) is list and part.isdigit():  # data.corpora.<index>
+                kind = typing.get_args(kind)[0]
+                path.append(part)
+                continue
             fields = typing.get_type_hints(kind) if dataclasses.is_dataclass(kind) else {}
             if part not in fields:
                 near = closest(part, list(fields)).removeprefix(" (did you mean ").removesuffix("?)")
