@@ -5,6 +5,10 @@ of a multilingual run are single pieces at the start of each source."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +17,7 @@ from relmt import checkpoint
 from relmt.config import CorpusConfig, DataConfig, Source, ToyConfig
 from relmt.data.dataset import SplitIds, prepare
 from relmt.data.mix import Mix, shares, take
+from relmt.decode.translator import Translator
 from relmt.errors import UserError
 from relmt.train import loop as loop_module
 from tests.test_train import tiny_config, train_records
@@ -61,13 +66,20 @@ CORPORA = ("data.source=corpora", "data.lang_tags=true", "data.vocab_size=200",
            "n_valid: 10, n_test: 10, n_test_long: 0}, weight: 1}]")
 
 
-def test_two_corpora_train_in_their_weights_share_with_per_corpus_splits_and_tags(tmp_path):
-    cfg = tiny_config(tmp_path, "run", *CORPORA, "train.max_steps=12", "train.log_every=4")
-    metrics = loop_module.train(cfg)
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """A tiny run on two toy corpora at 3:1, the second EN->FR, with target-language tags."""
+    tmp = tmp_path_factory.mktemp("mixed")
+    cfg = tiny_config(tmp, "run", *CORPORA, "train.max_steps=12", "train.log_every=4")
+    return tmp, cfg, loop_module.train(cfg)
+
+
+def test_two_corpora_train_in_their_weights_share_with_per_corpus_splits_and_tags(mixed):
+    tmp, cfg, metrics = mixed
     mix = metrics["mix"]
     assert mix["m30k"]["pairs"] + mix["ep"]["pairs"] > 0
     assert abs(mix["m30k"]["pair_share"] - 0.75) < 0.01 and abs(mix["ep"]["pair_share"] - 0.25) < 0.01
-    logged = train_records(tmp_path / "run", "mix")
+    logged = train_records(tmp / "run", "mix")
     assert sorted(logged) == [4, 8, 12] and logged[12]["m30k"] == mix["m30k"]
     assert set(metrics["test"]) >= {"m30k_test", "ep_valid", "ep_test"}  # valid: m30k's, the first corpus's
     corpus = prepare(cfg.data)
@@ -79,6 +91,62 @@ def test_two_corpora_train_in_their_weights_share_with_per_corpus_splits_and_tag
         assert tok.sp.piece_to_id(tag) != tok.sp.unk_id()
     labels = corpus.corpus_labels()
     assert np.bincount(labels).tolist() == [300, 120]
+
+
+def test_a_multilingual_model_is_told_its_target_language(mixed):
+    tmp, cfg, _ = mixed
+    translator = Translator.from_checkpoint(tmp / "run/checkpoints/last.pt", device="cpu")
+    assert translator.tgt_langs == ["fr", "tgt"]
+    assert translator.tagged(["ab cd", " "], "fr") == ["<2fr> ab cd", " "]  # a blank line stays blank
+    with pytest.raises(UserError, match="no tgt_lang given: this multilingual model translates into fr, tgt"):
+        translator.translate("ab cd")
+    with pytest.raises(UserError, match="tgt_lang=de: not one of its languages"):
+        translator.translate("ab cd", tgt_lang="de")
+    source = prepare(cfg.data).texts("ep_test", "src")[0].removeprefix("<2fr> ")
+    hyps = translator.hypotheses([source], tgt_lang="fr", beam=1, max_len_b=6)
+    tagged = translator.hypotheses([f"<2fr> {source}"], beam=1, max_len_b=6)  # what tgt_lang does: the tag
+    assert hyps[0][0].tokens == tagged[0][0].tokens
+    [[t]] = translator.translations([source], tgt_lang="fr", alignments=True, beam=1, max_len_b=6)
+    if t.alignment:  # the tag is no source word: the links index the sentence's own words
+        assert max(int(link.split("-")[0]) for link in t.alignment.split()) < len(source.split())
+    done = subprocess.run([str(Path(sys.executable).parent / "relmt-translate"),
+                           f"checkpoint={tmp / 'run/checkpoints/last.pt'}", "beam=1", "max_len_b=6"],
+                          input=source + "\n", text=True, capture_output=True)
+    assert done.returncode == 2 and "no tgt_lang given" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([str(Path(sys.executable).parent / "relmt-translate"),
+                           f"checkpoint={tmp / 'run/checkpoints/last.pt'}", "beam=1", "max_len_b=6", "tgt_lang=fr"],
+                          input=source + "\n", text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == translator.translate(source, tgt_lang="fr", beam=1, max_len_b=6) + "\n"
+
+
+def test_the_server_tags_a_request_for_its_tgt_lang():
+    from relmt.config import DecodeConfig
+    from relmt.serve.args import ServeArgs
+    from relmt.serve.requests import ApiError, parse_body
+
+    def tagged(sentences, lang):
+        if lang != "fr":
+            raise UserError(f"tgt_lang={lang}: not one of its languages")
+        return [f"<2fr> {s}" for s in sentences]
+    req = parse_body(b'{"text": ["a b", "c"], "tgt_lang": "fr"}', ServeArgs(), DecodeConfig(), tagged=tagged)
+    assert req.sentences == ["<2fr> a b", "<2fr> c"]
+    with pytest.raises(ApiError, match="tgt_lang: tgt_lang=None: not one of its languages") as e:
+        parse_body(b'{"text": "a b"}', ServeArgs(), DecodeConfig(), tagged=tagged)
+    assert e.value.status == 422 and e.value.field == "tgt_lang"
+
+
+def test_the_report_gives_a_row_per_corpus_and_pair(mixed):
+    from relmt.report.build import build_report
+    from relmt.report.markdown import by_corpus_markdown
+
+    tmp, _, metrics = mixed
+    page = by_corpus_markdown(build_report([str(tmp / "run")], "mixed", None))
+    rows = [line for line in page.splitlines() if line.startswith("| run |")]
+    assert rows[0] == "| run | corpus | pair | valid sacreBLEU | test sacreBLEU |"
+    assert rows[1].startswith("| run | m30k | src→tgt | ")  # its valid is the run's validation
+    assert rows[2] == (f"| run | ep | en→fr | {metrics['test']['ep_valid']['bleu']:.2f} | "
+                       f"{metrics['test']['ep_test']['bleu']:.2f} |")
 
 
 def test_a_killed_run_with_mixing_and_sampling_resumes_with_the_same_batches_and_losses(tmp_path):

@@ -24,6 +24,7 @@ class TranslateArgs:
     alignments: bool = False  # append a TAB and the Pharaoh source-target word links ("0-0 1-2 ...")
     token_scores: bool = False  # append a TAB and each output piece's log-probability, then EOS's
     alignment_layer: int | None = None  # the decoder layer alignments read (decode.alignment_layer)
+    tgt_lang: str | None = None  # a multilingual model's (data.lang_tags) target language, e.g. tgt_lang=fr
     # decoding: unset (None) keeps the checkpoint's decode config
     beam: int | None = None
     lenpen: float | None = None
@@ -199,12 +200,15 @@ def _translate(argv: list[str]) -> None:
                                              compile=args.compile, engine=args.engine)
     overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}
     translator.decode = decode_with_overrides(translator.decode, overrides)
+    if args.tgt_lang is not None:  # one the model does not know fails before any input is read
+        translator.tagged([""], args.tgt_lang)
 
     from tqdm import tqdm
 
     def output(first: int, lines: list[str]) -> str:
         if refs is not None:  # forced decoding: one score line per input line
-            scores = translator.score(lines, refs[first - 1:first - 1 + len(lines)], name=name, first_line=first)
+            scores = translator.score(lines, refs[first - 1:first - 1 + len(lines)], name=name, first_line=first,
+                                      tgt_lang=args.tgt_lang)
             return "".join(f"{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\n" for s in scores)
         constraints = None
         if args.constraints:
@@ -213,7 +217,7 @@ def _translate(argv: list[str]) -> None:
             raise misaligned(name, first - 1 + len(lines), args.prefix, len(prefixes), "prefix")
         results = translator.translations(lines, prefixes[first - 1:first - 1 + len(lines)] if prefixes else None,
                                           constraints, args.constraints == "ordered", args.alignments,
-                                          args.token_scores, name=name, first_line=first)
+                                          args.token_scores, name=name, first_line=first, tgt_lang=args.tgt_lang)
         if translator.decode.nbest == 1:
             return "".join((columns(hyps[0].text, hyps[0]) if hyps else "") + "\n" for hyps in results)
         return "".join(f"{first - 1 + i}\t{t.score:.4f}\t{columns(t.text, t)}\n"

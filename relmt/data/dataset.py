@@ -40,8 +40,8 @@ import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 
 from relmt.config import DataConfig, Source
-from relmt.data.sources import lang_tag, load_pairs, origin
-from relmt.data.tokenizer import EOS_ID, Tokenizer, train_tokenizer
+from relmt.data.sources import load_pairs, origin
+from relmt.data.tokenizer import EOS_ID, Tokenizer, lang_tag, train_tokenizer
 from relmt.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from relmt.config import DataConfig, Source, source_checkout
+from relmt.data.tokenizer import lang_tag
 from relmt.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -104,11 +105,6 @@ def _warn_control(text: str, name: str, first_line: int = 1) -> None:
     line = text.count("\n", 0, first.start()) + first_line
     log.warning("%s: %d control character(s), the first on line %d (U+%04X); they are kept as they are",
                 name, n, line, ord(first.group()))
-
-
-def lang_tag(lang: str) -> str:
-    """The target-language tag that starts a multilingual model's sources (Johnson et al. 2017)."""
-    return f"<2{lang}>"
 
 
 def corpus_config(cfg: DataConfig, i: int) -> DataConfig:

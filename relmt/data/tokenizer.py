@@ -25,6 +25,11 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 ONE_BY_ONE = 64
 
 
+def lang_tag(lang: str) -> str:
+    """The target-language tag that starts a multilingual model's sources (Johnson et al. 2017; data.lang_tags)."""
+    return f"<2{lang}>"
+
+
 def train_tokenizer(sentences: Iterable[str], path: Path, vocab_size: int, model_type: str,
                     character_coverage: float = 1.0, input_sentence_size: int = 2_000_000,
                     seed: int = 1, num_threads: int = 2, normalization: str = "identity",

@@ -41,7 +41,7 @@ import torch
 
 from relmt import checkpoint
 from relmt.config import DecodeConfig, Precision, from_dict
-from relmt.data.tokenizer import PAD_ID, Tokenizer
+from relmt.data.tokenizer import PAD_ID, Tokenizer, lang_tag
 from relmt.decode.alignment import pharaoh, word_links
 from relmt.decode.beam import Hypothesis
 from relmt.decode.compiled import compile_decoding
@@ -94,13 +94,17 @@ class Translator:
 
     def __init__(self, model: Transformer | Ensemble, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
                  autocast_dtype: torch.dtype | None = None, scorer: Transformer | Ensemble | None = None,
-                 ct2=None) -> None:
+                 ct2=None, tgt_langs: Sequence[str] = ()) -> None:
         """`model` runs the searches: relmt's modules, or another engine's stand-in for them
         (relmt.export.graphs.GraphModel: onnx or aoti); `scorer`, relmt's modules, scores references (default: model);
-        `ct2` (relmt.export.engines.Ct2Model), when given, decodes instead of relmt's searches."""
+        `ct2` (relmt.export.engines.Ct2Model), when given, decodes instead of relmt's searches. `tgt_langs`: a
+        multilingual model's target languages (data.lang_tags), one of which each source is tagged for."""
         self.model, self.tokenizer, self.decode, self.device = model.eval(), tokenizer, decode, device
         self.autocast_dtype = autocast_dtype
         self.scorer, self.ct2 = scorer if scorer is not None else self.model, ct2
+        self.tgt_langs = list(tgt_langs)
+        self.tag_ids = {tokenizer.sp.piece_to_id(p) for lang in self.tgt_langs
+                        for p in (lang_tag(lang), "\u2581" + lang_tag(lang))} - {tokenizer.sp.unk_id()}
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: Precision | str | None = None,
@@ -155,6 +159,7 @@ class Translator:
             checksums.append((path, checksum))
             del ck  # the optimizer state of one checkpoint at a time
         model = models[0] if len(models) == 1 else Ensemble(models)
+        langs = sorted({tgt for _, tgt in cfg.data.pairs()}) if cfg.data.lang_tags else []
         chosen = wanted if wanted is not None else cfg.train.precision
         if wanted is None and chosen == Precision.fp16 and dev.type != "cuda":
             # fp16 needs CUDA (relmt.runtime.autocast_dtype); fp32 holds every fp16 value, so nothing is lost
@@ -167,7 +172,7 @@ class Translator:
         if kind in (Engine.onnx, Engine.aoti):
             graphs = [graph_model(kind, m, p, c) for m, (p, c) in zip(models, checksums)]
             return cls(graphs[0] if len(graphs) == 1 else Ensemble(graphs), tokenizer, cfg.decode, dev, None,
-                       scorer=model)
+                       scorer=model, tgt_langs=langs)
         if kind == Engine.ctranslate2:
             from relmt.export.ctranslate2 import RelmtConverter, check_exportable, export_info
 
@@ -175,8 +180,27 @@ class Translator:
             # converted from the weights read above, whose checksum names the artefact (issue 42 §3)
             converter = RelmtConverter(model, Tokenizer(tokenizer.path, model=first_spm),
                                        info=export_info(path, step, cfg))
-            return cls(model, tokenizer, cfg.decode, dev, None, ct2=Ct2Model(path, checksum, converter))
-        return cls(model, tokenizer, cfg.decode, dev, dtype)
+            return cls(model, tokenizer, cfg.decode, dev, None, ct2=Ct2Model(path, checksum, converter),
+                       tgt_langs=langs)
+        return cls(model, tokenizer, cfg.decode, dev, dtype, tgt_langs=langs)
+
+    def tagged(self, sentences: Sequence[str], tgt_lang: str | None) -> list[str]:
+        """The sentences as the model reads them: a multilingual model's (data.lang_tags; Johnson et al. 2017) each
+        begin with the tag of the target language `tgt_lang`, which it must be given unless every sentence begins
+        with a tag already ("<2fr> ..."); another model takes no tgt_lang."""
+        if not self.tgt_langs:
+            if tgt_lang is not None:
+                raise UserError(f"tgt_lang={tgt_lang}: this model translates into one language and takes no "
+                                "tgt_lang (it was trained without data.lang_tags)")
+            return list(sentences)
+        tags = tuple(f"{lang_tag(lang)} " for lang in self.tgt_langs)
+        if tgt_lang is None and all(s.startswith(tags) for s in sentences if s.strip()):
+            return list(sentences)  # tagged by the caller, as the training data was
+        if tgt_lang not in self.tgt_langs:
+            given = "no tgt_lang given" if tgt_lang is None else f"tgt_lang={tgt_lang}: not one of its languages"
+            raise UserError(f"{given}: this multilingual model translates into {', '.join(self.tgt_langs)}; "
+                            f"give tgt_lang={self.tgt_langs[0]}, say")
+        return [f"{lang_tag(tgt_lang)} {s}" if s.strip() else s for s in sentences]
 
     def translate(self, sentences: list[str] | str, **decode: object) -> list[str] | str:
         """The best translation of each sentence; of a single string, its translation as a string.
@@ -196,13 +220,14 @@ class Translator:
 
     def hypotheses(self, sentences: list[str], progress: bool = False, name: str = "input", first_line: int = 1,
                    prefixes: Sequence[str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
-                   ordered: bool = False, **decode: object) -> list[list[Hypothesis]]:
+                   ordered: bool = False, tgt_lang: str | None = None, **decode: object) -> list[list[Hypothesis]]:
         """The `nbest` hypotheses (output ids and score) of each sentence; [] for an empty line.
         Sentence i is line first_line + i of `name` in the warning about a truncated source.
         prefixes[i]: target text sentence i's output begins with; constraints[i]: target words or phrases it
-        must contain, in that order if `ordered` (relmt/decode/constraints.py)."""
+        must contain, in that order if `ordered` (relmt/decode/constraints.py); `tgt_lang`: the target language
+        of a multilingual model (`tagged`)."""
         cfg = replace(self.decode, **decode)
-        ids = self._encode(sentences, "sentences")
+        ids = self._encode(self.tagged(self._texts(sentences, "sentences"), tgt_lang), "sentences")
         prefix_ids = self._encode(prefixes, "prefixes", len(sentences)) if prefixes is not None else None
         constraint_ids = None
         if self.ct2 is not None and constraints is not None and any(len(c) for c in constraints):
@@ -226,6 +251,15 @@ class Translator:
                               first_line=first_line, progress=progress, prefixes=prefix_ids,
                               constraints=constraint_ids, ordered=ordered)
 
+    @staticmethod
+    def _texts(texts: Sequence[str] | str, what: str) -> Sequence[str]:
+        """`texts`, which must be a list of str."""
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise UserError(f"expected a list of {what} (str), got {type(texts).__name__}"
+                            + (f" of {type(next(t for t in texts if not isinstance(t, str))).__name__}"
+                               if not isinstance(texts, str) else " (translate() takes a single string)"))
+        return texts
+
     def _encode(self, texts: Sequence[str] | str, what: str, expected: int | None = None) -> list[list[int]]:
         """Each text's ids, [] for a blank one; a list of str is required (and `expected` of them)."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
@@ -239,14 +273,18 @@ class Translator:
     def translations(self, sentences: list[str], prefixes: Sequence[str] | None = None,
                      constraints: Sequence[Sequence[str]] | None = None, ordered: bool = False,
                      alignments: bool = False, token_scores: bool = False, progress: bool = False,
-                     name: str = "input", first_line: int = 1, **decode: object) -> list[list[Translation]]:
+                     name: str = "input", first_line: int = 1, tgt_lang: str | None = None,
+                     **decode: object) -> list[list[Translation]]:
         """The `nbest` translations of each sentence, best first ([] for an empty line), with what a translator's
         tools ask of a decoder (issue 60): a target prefix each output begins with, target phrases it must
         contain (`ordered`: in the given order), each output piece's log-probability (`token_scores`) and
         source-target word alignments (`alignments`). Scores and alignments come from one teacher-forced pass of
-        relmt's own modules over the outputs, whatever engine searched (relmt/decode/reference.py)."""
-        results = self.hypotheses(sentences, progress, name, first_line, prefixes, constraints, ordered, **decode)
-        src_ids = self._encode(sentences, "sentences") if token_scores or alignments else [[] for _ in sentences]
+        relmt's own modules over the outputs, whatever engine searched (relmt/decode/reference.py). `tgt_lang`: a
+        multilingual model's target language (`tagged`)."""
+        results = self.hypotheses(sentences, progress, name, first_line, prefixes, constraints, ordered, tgt_lang,
+                                  **decode)
+        src_ids = (self._encode(self.tagged(sentences, tgt_lang), "sentences") if token_scores or alignments
+                   else [[] for _ in sentences])
         flat = self.annotated([(src_ids[i], h) for i, hs in enumerate(results) for h in hs], token_scores,
                               alignments, replace(self.decode, **decode), name, first_line)
         done = iter(flat)
@@ -276,17 +314,22 @@ class Translator:
         for (x, h), text, note in zip(pairs, texts, notes):
             pieces = [sp.id_to_piece(t) for t in h.tokens]
             steps = list(note.token_logprobs[: len(h.tokens) + h.eos]) if token_scores else None
-            links = pharaoh(word_links(note.attention, [sp.id_to_piece(t) for t in x[: cfg.max_source_len or None]],
-                                       pieces)) if alignments else None
+            links = None
+            if alignments:  # a multilingual model's tag is no source word: its column is left out
+                skip = int(bool(x) and x[0] in self.tag_ids)
+                links = pharaoh(word_links(note.attention[:, skip:],
+                                           [sp.id_to_piece(t) for t in x[skip: cfg.max_source_len or None]], pieces))
             out.append(Translation(text, h.score, pieces, steps, links, h.unmet))
         return out
 
     def score(self, sources: list[str], references: list[str], name: str = "input", first_line: int = 1,
-              ) -> list[ReferenceScore]:
+              tgt_lang: str | None = None) -> list[ReferenceScore]:
         """log P(reference | source) of each pair (relmt/decode/reference.py: natural log, summed over
-        the reference's tokens and EOS; `per_token` divides by their count), in input order."""
+        the reference's tokens and EOS; `per_token` divides by their count), in input order; `tgt_lang` as
+        `tagged`'s."""
         if len(sources) != len(references):
             raise UserError(f"{len(sources)} sources but {len(references)} references")
+        sources = self.tagged(sources, tgt_lang)
         src = [x if s.strip() else [] for s, x in zip(sources, self.tokenizer.encode(sources))]
         ref = [y if r.strip() else [] for r, y in zip(references, self.tokenizer.encode(references))]
         return score_references(self.scorer, src, ref, self.decode.max_source_len, self.decode.max_source_tokens,

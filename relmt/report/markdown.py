@@ -384,4 +384,26 @@ def runs_markdown(report: Report) -> str:
     intro = md_intro(replace(report, warnings=[]))  # no warning about seeds averaged: each run is its own row
     return (f"# {report.title}\n\n{intro}\n\n{md_table(header, rows)}\n\nsacreBLEU (cased, 13a): valid "
             f"after the last update, test of the {rules} checkpoint. The paper's Tables 1-3, its claims and their "
-            "verdicts apply to runs on its data sets or with a paired test (`--refs DIR`): `--kind tables`.\n")
+            "verdicts apply to runs on its data sets or with a paired test (`--refs DIR`): `--kind tables`.\n"
+            + by_corpus_markdown(report))
+
+
+def by_corpus_markdown(report: Report) -> str:
+    """Runs on several corpora (data.source=corpora; a multilingual run's language pairs): a row per run and
+    corpus, with its pair and the sacreBLEU of each of its evaluation splits ({corpus}_{split}; the valid split
+    of data.valid_corpus is the run's `valid`). Empty when no run has several corpora."""
+    rows, kinds = [], []
+    for r in report.runs:
+        for name, src, tgt in r.corpora:
+            scores = {split.removeprefix(f"{name}_"): r.score(split) for split in r.test
+                      if split.startswith(f"{name}_")}
+            if name == r.valid_corpus:
+                scores = {"valid": r.score("valid"), **scores}
+            kinds += [k for k in scores if k not in kinds]
+            rows.append((r.path.name, name, f"{src}→{tgt}", scores))
+    if not rows:
+        return ""
+    table = [[run, name, pair, *(DASH if (b := scores.get(k)) is None else f"{b:.2f}" for k in kinds)]
+             for run, name, pair, scores in rows]
+    return ("\n## By corpus and language pair\n\n"
+            + md_table(["run", "corpus", "pair", *(f"{k} sacreBLEU" for k in kinds)], table) + "\n")

@@ -57,6 +57,9 @@ class Run:
     frozen: tuple[str, ...] = ()  # train.freeze
     signatures: dict[str, tuple[str, ...]] = field(default_factory=dict)  # figure -> its sacreBLEU signatures
     settings: tuple[tuple[str, str], ...] = ()  # every setting that can change a result but the seed (`settings`)
+    # data.source=corpora: each corpus's (name, src, tgt), and the corpus whose valid split is `valid`
+    corpora: tuple[tuple[str, str, str], ...] = ()
+    valid_corpus: str | None = None
 
     @property
     def minutes(self) -> float | None:
@@ -167,6 +170,10 @@ def load_run(path: Path) -> Run:
     results = (valid, *tests.values())
     labels = {k: next((r[k] for r in results if r.get(k)), None) for k in ("tokenized_label", "lowercased_label")}
     guessed = not model.get("name")
+    corpora = tuple((str(c["name"]), str(c.get("src") or data.get("src")), str(c.get("tgt") or data.get("tgt")))
+                    for c in data.get("corpora") or ())
+    with_valid = [str(c["name"]) for c in data.get("corpora") or () if c.get("source") == "toy" or
+                  "valid" in (c.get("splits") or {})]
     return Run(path=path, data=str(data["name"]), model=str(model.get("name") or D_MODEL_GUESS.get(
                    int(model["d_model"]), f"d{model['d_model']}")), model_guessed=guessed,
                d_model=int(model["d_model"]), positions=str(model["positions"]), k=int(model["max_relative_position"]),
@@ -184,7 +191,8 @@ def load_run(path: Path) -> Run:
                threads=train.get("num_threads"), updates=train.get("max_steps"),
                frozen=tuple(str(p) for p in train.get("freeze") or ()),
                signatures={m: tuple(sorted({str(r[k]) for r in results if r.get(k)})) for m, k in SIGNATURES.items()},
-               settings=settings(cfg))
+               settings=settings(cfg), corpora=corpora,
+               valid_corpus=data.get("valid_corpus") or (with_valid[0] if with_valid else None))
 
 
 def read_runs(dirs: list[Path]) -> tuple[list[Run], list[tuple[Path, str]]]:

@@ -224,7 +224,8 @@ async def translate_response(request: Request, state: State) -> Response:
         raw = await read_body(request, state.args.max_body_bytes, state.args.request_timeout_s)
         if not batcher.ready:
             raise NotReady(batcher.load_error or "the model is loading")
-        req = parse_body(raw, state.args, batcher.default_decode, batcher.translator.tokenizer)
+        req = parse_body(raw, state.args, batcher.default_decode, batcher.translator.tokenizer,
+                         batcher.translator.tagged)
         job = batcher.submit(req.sentences, req.decode, req.asks)
     except ApiError as e:
         metrics.errors.labels("request_timeout" if e.status == 408 else "bad_request").inc()

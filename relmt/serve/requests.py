@@ -63,6 +63,7 @@ class TranslateBody(BaseModel):
     constraints_order: Literal["unordered", "ordered"] = "unordered"
     alignments: StrictBool = False  # Pharaoh source-target word links of each hypothesis
     token_scores: StrictBool = False  # log p of each output piece, then EOS's
+    tgt_lang: StrictStr | None = None  # a multilingual model's (data.lang_tags) target language
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,10 @@ def validation_error(e: ValidationError) -> ApiError:
     return ApiError(422, f"{name}: {first['msg']}", name)
 
 
-def parse_body(raw: bytes, args: ServeArgs, default: DecodeConfig, tokenizer=None) -> TranslateRequest:
+def parse_body(raw: bytes, args: ServeArgs, default: DecodeConfig, tokenizer=None, tagged=None) -> TranslateRequest:
     """The checked request in `raw` (at most max_body_bytes, read by the caller), or an ApiError. `tokenizer`, the
-    model's (relmt.data.tokenizer.Tokenizer), when given, checks that each constraint can be spelt."""
+    model's (relmt.data.tokenizer.Tokenizer), when given, checks that each constraint can be spelt; `tagged`, the
+    model's Translator.tagged, when given, puts the target-language tag of `tgt_lang` on each sentence."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -143,6 +145,11 @@ def parse_body(raw: bytes, args: ServeArgs, default: DecodeConfig, tokenizer=Non
         raise validation_error(e) from None
     sentences = [body.text] if isinstance(body.text, str) else body.text
     check_sentences(sentences, isinstance(body.text, str), args)
+    if tagged is not None:
+        try:
+            sentences = tagged(sentences, body.tgt_lang)
+        except UserError as e:
+            raise ApiError(422, f"tgt_lang: {e}", "tgt_lang") from None
     options = body.options.model_dump(exclude_none=True) if body.options else {}
     decode = request_decode(options, args, default)
     return TranslateRequest(sentences, decode, request_asks(body, len(sentences), args, decode, tokenizer))

@@ -70,7 +70,7 @@ def main() -> None:
     steps = ", ".join(f"{r['run']}: {r['steps']} updates, {r['epochs']} epoch(s)" for r in runs)
     page = f"""# Several corpora: the mix trained on
 
-Issue 61. Multi30k EN-DE (29,000 pairs) and the Europarl slice (18,000 training pairs) in one run
+Issue 61. Multi30k EN-DE and the Europarl slice (its training split, cut by `scripts/reproduce/split_corpus.py`) in one run
 (`configs/data/mix_m30k_europarl.yaml`), at weights 1:1 and 3:1: the share of each corpus in the batches
 trained, from each run's `metrics.json` (`mix`), against the weight's share. Goal: within {GOAL_PP:g}
 percentage point over an epoch. The share depends on the draws and the batches, not on the model, so the runs
@@ -82,7 +82,7 @@ The pairs follow the weights (an epoch draws N w / Σw pairs from each corpus, r
 tokens follow them times the corpora's lengths (a Europarl sentence is longer than a Multi30k caption).
 
 - Command: `{command_line()}`
-- Hardware: {hw.get('cpu', hw)}; {hw.get('date', '')}
+- Hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores; {hw.get('date')}
 """
     (out / "mix.md").write_text(page)
     print(table)
