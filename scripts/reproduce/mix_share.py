@@ -71,10 +71,11 @@ def main() -> None:
     page = f"""# Several corpora: the mix trained on
 
 Issue 61. Multi30k EN-DE and the Europarl slice (its training split, cut by
-`scripts/reproduce/split_corpus.py`) in one run (`configs/data/mix_m30k_europarl.yaml`), at weights 1:1 and 3:1:
-the share of each corpus in the batches trained, from each run's `metrics.json` (`mix`), against the weight's share. Goal: within {GOAL_PP:g}
-percentage point over an epoch. The share depends on the draws and the batches, not on the model, so the runs
-train the tiny model (`model=tiny`) for one epoch ({steps}).
+`scripts/reproduce/split_corpus.py`) in one run (`configs/data/mix_m30k_europarl.yaml`), at weights 1:1
+and 3:1: the share of each corpus in the batches trained, from each run's `metrics.json` (`mix`), against
+the weight's share. Goal: within {GOAL_PP:g} percentage point over an epoch. The share depends on the
+draws and the batches, not on the model, so the runs train the tiny model (`model=tiny`) for one epoch
+({steps}).
 
 {table}
 
