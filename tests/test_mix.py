@@ -213,3 +213,14 @@ def test_a_missing_corpus_file_names_the_file_and_the_corpus(tmp_path):
         CorpusConfig(name="gone", source=Source.text, dir=str(tmp_path / "c"), splits={"train": "missing"})])
     with pytest.raises(UserError, match=r"c/missing.src: no such file \(split 'missing'"):
         prepare(cfg)
+
+
+def test_a_config_without_the_corpora_keys_keeps_the_cache_key_it_had_before_them():
+    """data.corpora, valid_corpus and lang_tags at their defaults leave the key as it was (pinned: the value at the
+    commit before they were added), so existing caches are reused and saved runs resume (their checkpoints
+    compare the key)."""
+    from relmt.data.dataset import cache_key
+
+    cfg = DataConfig(name="wmt", source=Source.hf, hf_path="wmt14", hf_name="de-en",
+                     splits={"train": "train", "valid": "validation"})
+    assert cache_key(cfg) == "aef872e92355b4f3"

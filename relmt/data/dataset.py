@@ -175,6 +175,9 @@ def cache_key(cfg: DataConfig) -> str:
     it lies does not matter."""
     ignored = ("num_proc", "cache_dir", "name", "length_buckets", "spm_alpha", "spm_nbest")  # sampled on the fly
     settings = {k: v for k, v in asdict(cfg).items() if k not in ignored}
+    for key, default in (("corpora", []), ("valid_corpus", ""), ("lang_tags", False)):  # added by issue 61: a
+        if settings[key] == default:  # config without them keeps its cache key (and its runs their resume)
+            del settings[key]
     if cfg.source == Source.corpora:  # each corpus by its content; the weights only decide the draws
         from relmt.data.sources import corpus_config
 
