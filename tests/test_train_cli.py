@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -301,6 +302,37 @@ def test_ddp_two_gloo_ranks_match_one_process_with_the_same_global_batch(tmp_pat
     la = [r["loss"] for r in losses[0] if r["tag"] == "train"]
     lb = [r["loss"] for r in losses[1] if r["tag"] == "train"]
     assert la == pytest.approx(lb, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_ddp_with_two_corpora_and_sampled_pieces_trains_every_rank_on_rank_0s_pieces(tmp_path):
+    """Subword regularisation under DDP: rank 0 samples an epoch's pieces and stores them, and rank 1 reads them
+    (sentencepiece would sample other pieces in its own process). Given the pieces a one-process run stored, the
+    two ranks equal that run with the same global batch; the mix is counted over both ranks."""
+    corpora = ("data.source=corpora", "data.spm_model_type=bpe", "data.vocab_size=300", "data.spm_alpha=0.2",
+               "data.corpora=[{name: a, source: toy, toy: {seed: 1, n_train: 300, n_valid: 20, n_test: 0, "
+               "n_test_long: 0}, weight: 3}, {name: b, source: toy, toy: {seed: 2, n_train: 100, n_valid: 10, "
+               "n_test: 0, n_test_long: 0}, weight: 1}]")
+    common = ["model.dropout=0", "model.attention_dropout=0", "model.activation_dropout=0", "train.max_steps=4",
+              "train.valid_bleu=false", "train.device=cpu", "train.log_every=2", *corpora]
+    single = cli(tmp_path, "single", *common, "train.update_freq=2")
+    assert single.returncode == 0, single.stderr
+    assert (tmp_path / "single/pieces/epoch_0.npz").is_file()  # 4 updates of 2 batches: within epoch 0
+    shutil.copytree(tmp_path / "single/pieces", tmp_path / "ddp/pieces")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", RELMT_TRAIN,
+         *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'ddp'}", *common],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    metrics = json.loads((tmp_path / "ddp/metrics.json").read_text())
+    assert metrics["ddp_params_in_sync"] is True
+    assert metrics["mix"] == json.loads((tmp_path / "single/metrics.json").read_text())["mix"]  # summed over ranks
+    a = checkpoint.load(tmp_path / "single/checkpoints/last.pt")["model"]
+    b = checkpoint.load(tmp_path / "ddp/checkpoints/last.pt")["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-4, msg=key)
 
 
 def test_run_directories_below_the_working_directory_are_recorded_relative(tmp_path, monkeypatch):
