@@ -118,6 +118,12 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
                     tablefmt="github", disable_numparse=True)
 
 
+def provenance(hw: dict) -> str:
+    """A results page's closing lines: the command that wrote it, the machine and the date (`hw`: hardware())."""
+    return (f"- Command: `{command_line()}`\n"
+            f"- Hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores; {hw.get('date')}\n")
+
+
 def write_json(path: str | Path, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

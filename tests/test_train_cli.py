@@ -32,6 +32,16 @@ def cli(tmp_path: Path, run: str, *overrides: str, **kw) -> subprocess.Completed
     return subprocess.run(args, capture_output=True, text=True, timeout=300, **kw)
 
 
+def torchrun(tmp_path: Path, run: str, *overrides: str) -> subprocess.CompletedProcess:
+    """relmt-train as `cli` runs it, on two gloo ranks under torchrun, one thread each."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", RELMT_TRAIN,
+         *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / run}", *overrides],
+        capture_output=True, text=True, timeout=600, env=env)
+
+
 def start(tmp_path: Path, run: str, *overrides: str) -> subprocess.Popen:
     args = [RELMT_TRAIN, *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / run}",
             "train.valid_bleu=false", *overrides]
@@ -282,12 +292,7 @@ def test_ddp_two_gloo_ranks_match_one_process_with_the_same_global_batch(tmp_pat
               "train.valid_bleu=false", "train.device=cpu"]
     single = cli(tmp_path, "single", *common, "train.update_freq=2")
     assert single.returncode == 0, single.stderr
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
-    ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", RELMT_TRAIN,
-         *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'ddp'}", *common],
-        capture_output=True, text=True, timeout=600, env=env)
+    ddp = torchrun(tmp_path, "ddp", *common)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     metrics = json.loads((tmp_path / "ddp/metrics.json").read_text())
     assert metrics["ddp_params_in_sync"] is True
@@ -319,12 +324,7 @@ def test_ddp_with_two_corpora_and_sampled_pieces_trains_every_rank_on_rank_0s_pi
     assert single.returncode == 0, single.stderr
     assert (tmp_path / "single/pieces/epoch_0.npz").is_file()  # 4 updates of 2 batches: within epoch 0
     shutil.copytree(tmp_path / "single/pieces", tmp_path / "ddp/pieces")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
-    ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", RELMT_TRAIN,
-         *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'ddp'}", *common],
-        capture_output=True, text=True, timeout=600, env=env)
+    ddp = torchrun(tmp_path, "ddp", *common)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     metrics = json.loads((tmp_path / "ddp/metrics.json").read_text())
     assert metrics["ddp_params_in_sync"] is True

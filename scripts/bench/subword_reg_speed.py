@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from relmt.bench import command_line, hardware, markdown_table, write_json
+from relmt.bench import command_line, hardware, markdown_table, provenance, write_json
 from relmt.config import compose
 from relmt.data.dataset import prepare
 from relmt.data.regularise import resample
@@ -95,9 +95,7 @@ the background. Tokens per update are alike in both runs (the batches are cut to
 what makes each update slower is that its sentences are longer in pieces (about 40% more, the log's count):
 fewer, longer sequences per batch, and attention's cost per token grows with the length.
 
-- Command: `{command_line()}`
-- Hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores; {hw.get('date')}
-"""
+{provenance(hw)}"""
     (out / "subword_reg_speed.md").write_text(page)
     print(page)
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relmt.bench import command_line, hardware, markdown_table, write_json
+from relmt.bench import command_line, hardware, markdown_table, provenance, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 GOAL_PP = 1.0  # the issue's goal: the realised share within 1 percentage point of the weight's
@@ -82,9 +82,7 @@ draws and the batches, not on the model, so the runs train the tiny model (`mode
 The pairs follow the weights (an epoch draws N w / Σw pairs from each corpus, relmt/data/mix.py); the target
 tokens follow them times the corpora's lengths (a Europarl sentence is longer than a Multi30k caption).
 
-- Command: `{command_line()}`
-- Hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores; {hw.get('date')}
-"""
+{provenance(hw)}"""
     (out / "mix.md").write_text(page)
     print(table)
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relmt.bench import command_line, hardware
+from relmt.bench import hardware, provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -84,9 +84,7 @@ The first {SAMPLES} EN->FR test sources, each translated with `tgt_lang=de` and 
 |---|---|---|---|
 {rows}
 
-- Command: `{command_line()}`
-- Hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores; {hw.get('date')}
-"""
+{provenance(hw)}"""
     (out / "multilingual.md").write_text(page)
     print(page)
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relmt.bench import command_line, hardware, markdown_table, write_json
+from relmt.bench import command_line, hardware, markdown_table, provenance, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,9 +84,7 @@ model with the same data, settings and seed. The validation loss (label-smoothed
 
 Goal: fine-tuned ÷ fresh < 1 at the first validation: {a[first] / b[first]:.3f} after {first} updates.
 
-- Command: `{command_line()}`
-- Hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores; {hw.get('date')}
-"""
+{provenance(hw)}"""
     (out / "new_vocab.md").write_text(page)
     print(page)
 
