@@ -10,7 +10,7 @@ import torch
 from relmt import checkpoint
 from relmt.config import DataConfig, SpmModel
 from relmt.data import regularise
-from relmt.data.dataset import SplitIds
+from relmt.data.dataset import SplitIds, prepare
 from relmt.data.regularise import Resampler, flat, resample
 from relmt.data.tokenizer import Tokenizer
 from relmt.data.toy import generate
@@ -102,6 +102,29 @@ def test_a_resumed_run_with_sampled_pieces_equals_an_uninterrupted_one(tmp_path,
     with pytest.raises(UserError, match=r"cannot resume with data.spm_alpha=0.1 \(saved: 0.2\)"):
         loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=9", "train.resume=true", *common[:1],
                                       "data.spm_alpha=0.1", *common[2:]))
+
+
+def test_evaluation_and_translation_never_sample(tmp_path):
+    """After a run with sampled pieces: the cached evaluation ids are the deterministic encoding, the run's last
+    validation loss is what the final weights give on those ids again, and translating twice gives one output."""
+    from relmt.decode.translator import Translator
+    from relmt.train.validate import split_loss
+
+    cfg = tiny_config(tmp_path, "run", "data.toy.n_train=40", "data.spm_alpha=0.3", "data.spm_model_type=bpe",
+                      "data.vocab_size=300", "train.max_steps=4", "train.valid_bleu=false")
+    metrics = loop_module.train(cfg)
+    corpus = prepare(cfg.data)
+    tok = corpus.tokenizer
+    for split in ("valid", "test"):
+        ids = corpus.ids(split)
+        assert rows(ids, "tgt") == tok.encode(corpus.texts(split, "tgt"))
+        assert rows(ids, "src") == [x + [3] for x in tok.encode(corpus.texts(split, "src"))]
+    translator = Translator.from_checkpoint(tmp_path / "run/checkpoints/last.pt", device="cpu")
+    again = split_loss(translator.model, corpus, "valid", cfg.train.max_padded_tokens, cfg.train.label_smoothing,
+                       torch.device("cpu"))
+    assert again["loss"] == pytest.approx(metrics["final_valid"]["loss"], rel=1e-6)
+    sources = corpus.texts("test", "src")[:8]
+    assert translator.translate(sources, beam=2, max_len_b=8) == translator.translate(sources, beam=2, max_len_b=8)
 
 
 def test_bad_sampling_settings_name_the_key():
