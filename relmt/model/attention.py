@@ -55,6 +55,8 @@ class MultiHeadAttention(nn.Module):
         self.v_bias = nn.Parameter(torch.zeros(d_model))
         self.out_proj = Linear(d_model, d_model)
         self.rel = rel
+        # export only (`freeze_projections`): the scaled W^Q and the concatenated W^Q|W^K|W^V as modules
+        self.frozen: nn.ModuleDict | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -79,6 +81,26 @@ class MultiHeadAttention(nn.Module):
         s = self.d_head ** -0.5
         return self.q_proj.weight * s, self.q_proj.bias * s
 
+    def freeze_projections(self) -> None:
+        """For an exported copy of the model whose linear maps become modules of another kind (int8,
+        relmt/export/quantize.py): the projections computed at every call (the scaled W^Q, and W^Q|W^K|W^V
+        with their biases) as Linear modules holding those products once. Never on a model that trains: they
+        are copies, and would go stale."""
+        w_q, b_q = self.scaled_query_weights()
+        q = Linear(w_q.shape[1], w_q.shape[0])
+        q.weight, q.bias = nn.Parameter(w_q.detach().clone()), nn.Parameter(b_q.detach().clone())
+        w = torch.cat((w_q, self.kv_proj.weight)).detach()
+        qkv = Linear(w.shape[1], w.shape[0])
+        qkv.weight = nn.Parameter(w.clone())
+        qkv.bias = nn.Parameter(torch.cat((b_q, torch.zeros_like(b_q), self.v_bias)).detach().clone())
+        self.frozen = nn.ModuleDict({"q": q, "qkv": qkv})
+
+    def query(self, x: Tensor) -> Tensor:
+        """x (B, n, d_model) -> the queries x W^Q / sqrt(d_z) + b^Q / sqrt(d_z), (B, n, d_model)."""
+        if self.frozen is not None:
+            return self.frozen["q"](x)
+        return linear(x, *self.scaled_query_weights())
+
     def project_kv(self, y: Tensor, terms: PositionTerms = NO_TERMS) -> tuple[Tensor, Tensor]:
         """y: (B, m, d_model) -> keys and values, each (B, H, m, D); keys rotated by `terms` (the new
         keys sit at the query positions of self-attention, so a cache holds rotated keys)."""
@@ -92,16 +114,19 @@ class MultiHeadAttention(nn.Module):
         (B, n, d_model) in one GEMM over the weights concatenated. For a compiled decoder step, where the
         concatenation folds into a constant: at one sentence a GEMM call costs about as much as its weights
         take to read, so two calls cost twice one (issue 44 §7)."""
-        w_q, b_q = self.scaled_query_weights()
-        bias = torch.cat((b_q, torch.zeros_like(b_q), self.v_bias))  # no key bias (see __init__)
-        q, k, v = linear(x, torch.cat((w_q, self.kv_proj.weight)), bias).chunk(3, dim=-1)
+        if self.frozen is not None:
+            q, k, v = self.frozen["qkv"](x).chunk(3, dim=-1)
+        else:
+            w_q, b_q = self.scaled_query_weights()
+            bias = torch.cat((b_q, torch.zeros_like(b_q), self.v_bias))  # no key bias (see __init__)
+            q, k, v = linear(x, torch.cat((w_q, self.kv_proj.weight)), bias).chunk(3, dim=-1)
         return rotate(self._split(q), terms.rotary), rotate(self._split(k), terms.rotary), self._split(v)
 
     def probabilities(self, x: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
         """The attention weights alpha_ij (B, H, n, m) of queries x (B, n, d_model) over keys k (B, H, m, D), for
         attention without positions (cross-attention, Shaw §3): softmax of q_i·k_j / sqrt(d_z), masked by the
         keep-mask. The weights `forward` averages the values with, computed apart (word alignments, issue 60)."""
-        q = self._split(linear(x, *self.scaled_query_weights()))
+        q = self._split(self.query(x))
         logits = (q @ k.transpose(-1, -2)).float()
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
@@ -117,7 +142,7 @@ class MultiHeadAttention(nn.Module):
         # The 1/sqrt(d_z) of Shaw eq. (4) is folded into W^Q and b^Q: a (d, d) multiply instead of
         # a scaled copy of q, and both terms of e_ij get it. The fused kernels then use scale=1.
         if q is None:
-            q = rotate(self._split(linear(x, *self.scaled_query_weights())), terms.rotary)  # (B, H, n, D)
+            q = rotate(self._split(self.query(x)), terms.rotary)  # (B, H, n, D)
         n, m = q.shape[2], k.shape[2]
         p = self.dropout if self.training else 0.0
         if (self.rel is not None or terms.bias is not None) and (route := routes.choose(q, m, p)) != "reference":

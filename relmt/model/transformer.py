@@ -147,6 +147,7 @@ class Transformer(nn.Module):
         # rope, alibi or t5: one per stack (relmt.model.positions), giving terms(n, m, q_offset, ...)
         self.encoder_positions = encoder_positions
         self.decoder_positions = decoder_positions
+        self.out_layer: Linear | None = None  # export only (`freeze_projections`): the tied output layer's copy
 
     @staticmethod
     def _terms(positions: nn.Module | None, n: int, m: int, q_offset: int, like: Tensor) -> PositionTerms:
@@ -180,8 +181,21 @@ class Transformer(nn.Module):
 
     def _logits(self, x: Tensor) -> Tensor:
         """x: (B, T, d_model) -> (B, T, V) scores over the vocabulary: the output projection is the
-        target embedding matrix itself (Vaswani §3.4, tied weights)."""
+        target embedding matrix itself (Vaswani §3.4, tied weights), or an exported copy's module of it."""
+        if self.out_layer is not None:
+            return self.out_layer(self.decoder_norm(x))
         return linear(self.decoder_norm(x), self.tgt_embed.weight)
+
+    def freeze_projections(self) -> None:
+        """For an exported copy whose linear maps become modules of another kind (int8, relmt/export/quantize.py):
+        every attention's computed projections as modules (MultiHeadAttention.freeze_projections), and the tied
+        output layer as a Linear of its own (a copy of the embedding). Never on a model that trains."""
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.freeze_projections()
+        w = self.tgt_embed.weight.detach()
+        self.out_layer = Linear(w.shape[1], w.shape[0], bias=False)
+        self.out_layer.weight = nn.Parameter(w.clone())
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, project: bool = True) -> Tensor:
         """Teacher-forced pass. tgt_in: (B*K, T) = BOS + y, right-padded, K >= 1 hypotheses per
@@ -247,7 +261,7 @@ class Transformer(nn.Module):
             x, (k, v) = layer(x, lc.cross_k, lc.cross_v, mask, (lc.self_k, lc.self_v), cache.order, terms,
                               self_mask)
             layers.append(LayerCache(k, v, lc.cross_k, lc.cross_v))
-        if out_weight is None:
+        if out_weight is None or self.out_layer is not None:  # an exported copy multiplies by its own module
             logits = self._logits(x)[:, 0]
         else:
             logits = linear(self.decoder_norm(x), out_weight)[:, 0, : self.tgt_embed.num_embeddings]
