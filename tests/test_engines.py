@@ -93,6 +93,27 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
     assert max(len(h[0].tokens) for h in mine) < 20  # every output ended with EOS
 
 
+@pytest.mark.slow
+def test_int8_on_engine_aoti_runs_int8_products_and_keeps_the_translations(trained):
+    """engine=aoti quantization=int8 (relmt/export/quantize.py; issue 62): the compiled graphs multiply with int8
+    GEMMs, and a trained model translates the toy sentences nearly as in float32 (a floor on BLEU against the
+    float32 outputs, the int8 weights' rounding being all that differs)."""
+    import zipfile
+
+    import sacrebleu
+
+    eager = Translator.from_checkpoint(trained, device="cpu")
+    int8 = Translator.from_checkpoint(trained, engine="aoti", quantization="int8")
+    [folder] = (trained.parent / f"{trained.name}.engines").glob("aoti_int8-*")
+    assert not (folder / "search_small.pt2").exists()
+    with zipfile.ZipFile(folder / "step.pt2") as package:
+        code = "".join(package.read(n).decode(errors="ignore") for n in package.namelist() if n.endswith(".cpp"))
+    assert "_int_mm" in code  # int8 products, not float32 ones
+    sentences = TOY * 2 + SENTENCES
+    ours, theirs = eager.translate(sentences, beam=4), int8.translate(sentences, beam=4)
+    assert sacrebleu.corpus_bleu(theirs, [ours]).score >= 70, list(zip(ours, theirs))
+
+
 # --- one CLI and one API over every engine (issue 33 §2) -------------------------------------------------
 
 def test_an_ensemble_on_the_onnx_engine_decodes_as_on_torch(tmp_path, capsys):

@@ -32,3 +32,26 @@ def test_frozen_projections_compute_what_the_model_computes(positions):
     # every attention: 2 encoder layers' self-attention, 2 decoder layers' self- and cross-attention
     assert sum(isinstance(m, torch.nn.ModuleDict) for m in frozen.modules()) == 2 + 2 * 2
     assert frozen.out_layer is not None and model.out_layer is None
+
+
+def test_int8_is_for_engine_aoti_and_keys_its_own_artefact(tmp_path):
+    from relmt.errors import UserError
+    from relmt.export.engines import Engine, artefact_dir, check_quantization, dependencies
+
+    check_quantization(Engine.aoti, "int8")
+    with pytest.raises(UserError, match="format=onnx writes float32 weights only .* quantization=int8 is for "
+                                        "format=ctranslate2 or format=aoti"):
+        check_quantization(Engine.onnx, "int8")
+    ck = tmp_path / "last.pt"
+    float32, int8 = (artefact_dir(ck, Engine.aoti, "abc", quantization=q) for q in ("float32", "int8"))
+    assert float32.name.startswith("aoti-") and int8.name.startswith("aoti_int8-")  # kept and pruned apart
+    assert "quantization" not in dependencies(Engine.aoti)  # a float32 artefact keeps the key it had
+    assert dependencies(Engine.aoti, "int8")["quantization"] == "int8"
+
+
+def test_a_translator_refuses_int8_off_engine_aoti(tmp_path):
+    from relmt.decode.translator import Translator
+    from relmt.errors import UserError
+
+    with pytest.raises(UserError, match="quantization=int8: engine=aoti runs float32 or int8 weights"):
+        Translator.from_checkpoint(tmp_path / "missing.pt", engine="torch", quantization="int8")

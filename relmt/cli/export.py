@@ -14,7 +14,7 @@ class ExportArgs:
     checkpoint: str = "???"
     output: str = "???"
     format: str = "ctranslate2"
-    quantization: str = ""  # a CTranslate2 weight type (onnx and aoti write float32 only); default: float32
+    quantization: str = ""  # a CTranslate2 weight type, or int8 for aoti (onnx writes float32 only); default float32
     max_positions: int = 2048  # rows of the absolute-encoding table: the longest source or target
     force: bool = False  # replace an existing output directory
 
@@ -36,9 +36,10 @@ def _export(argv: list[str]) -> None:
             except ImportError as e:
                 raise UserError(f"format=onnx needs onnx, onnxscript and onnxruntime ({e}): "
                                 "pip install 'relmt[onnx]'") from None
-        out = export_checkpoint(args.checkpoint, args.output, Engine(args.format), force=args.force)
+        out = export_checkpoint(args.checkpoint, args.output, Engine(args.format), force=args.force,
+                                quantization=args.quantization or "float32")
         made = "ONNX: encoder.onnx and step.onnx" if args.format == "onnx" else \
-            "AOTInductor: encoder.pt2, step.pt2 and search.pt2"
+            f"AOTInductor: encoder.pt2, step.pt2 and search.pt2, {args.quantization or 'float32'}"
         print(f"exported {args.checkpoint} to {out} ({made}, for relmt's searches)")
         return
     try:

@@ -45,6 +45,7 @@ class TranslateArgs:
     device: str = "auto"
     compile: bool = False  # torch.compile the decoder step (relmt/decode/compiled.py): for large inputs
     engine: str = "torch"  # torch | onnx | aoti | ctranslate2 (relmt/export/engines.py)
+    quantization: str = ""  # engine=aoti: int8 runs int8 linear maps (relmt/export/quantize.py); default float32
     progress: bool = True
 
 
@@ -197,7 +198,8 @@ def _translate(argv: list[str]) -> None:
                         "are for translating")
     tune_cpu()  # the command owns its process; the Translator API leaves this to its caller
     translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
-                                             compile=args.compile, engine=args.engine)
+                                             compile=args.compile, engine=args.engine,
+                                             quantization=args.quantization or "float32")
     overrides = {k: getattr(args, k) for k in TRANSLATE_DECODE_KEYS if getattr(args, k) not in (None, "")}
     translator.decode = decode_with_overrides(translator.decode, overrides)
     if args.tgt_lang is not None:  # one the model does not know fails before any input is read

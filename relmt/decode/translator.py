@@ -108,20 +108,21 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: Precision | str | None = None,
-                        compile: bool = False, engine: str = "torch") -> Translator:
+                        compile: bool = False, engine: str = "torch", quantization: str = "float32") -> Translator:
         """Model, vocabulary and decode config from a checkpoint. `precision` (auto | fp32 | bf16 |
         fp16) overrides the checkpoint's train.precision: a model trained in fp32 is decoded in fp32,
         not forced into bf16 on a GPU. `compile` compiles the decoder step (relmt/decode/compiled.py):
         faster on large inputs, after tens of seconds of compiling. Process-wide CPU settings are
         left alone: call relmt.runtime.tune_cpu() first to opt in to relmt-translate's. `engine` (torch,
         onnx, aoti or ctranslate2; relmt/export/engines.py) runs the network: the last three on the CPU in
-        float32, from an artefact made on first use next to the checkpoint."""
-        return cls.from_checkpoints([path], device, precision, compile, engine)
+        float32, from an artefact made on first use next to the checkpoint; engine=aoti with `quantization`
+        int8 runs int8 linear maps (relmt/export/quantize.py)."""
+        return cls.from_checkpoints([path], device, precision, compile, engine, quantization)
 
     @classmethod
     def from_checkpoints(cls, paths: Sequence[str | Path], device: str = "auto",
                          precision: Precision | str | None = None, compile: bool = False,
-                         engine: str = "torch") -> Translator:
+                         engine: str = "torch", quantization: str = "float32") -> Translator:
         """An ensemble of the checkpoints' models (one checkpoint: that model alone), which must
         share their sentencepiece model; vocabulary, decode config and precision come from the first
         (`precision` and `compile` as in from_checkpoint)."""
@@ -134,6 +135,11 @@ class Translator:
             raise UserError(f"precision={precision}: must be one of {', '.join(p.value for p in Precision)}") from None
         dev = resolve_device(device)
         kind = engine_of(engine)
+        quantization = quantization or "float32"
+        if quantization not in ("float32", "int8") or (quantization == "int8" and kind != Engine.aoti):
+            raise UserError(f"quantization={quantization}: engine=aoti runs float32 or int8 weights, the other "
+                            "engines float32 (a CTranslate2 int8 model: relmt-export format=ctranslate2 "
+                            "quantization=int8)")
         if kind != Engine.torch:
             problem = ("decodes one checkpoint (its own search; an ensemble runs on engine=torch, onnx or aoti)"
                        if len(paths) > 1 and kind == Engine.ctranslate2 else
@@ -170,7 +176,7 @@ class Translator:
         if compile:
             compile_decoding(model)
         if kind in (Engine.onnx, Engine.aoti):
-            graphs = [graph_model(kind, m, p, c) for m, (p, c) in zip(models, checksums)]
+            graphs = [graph_model(kind, m, p, c, quantization=quantization) for m, (p, c) in zip(models, checksums)]
             return cls(graphs[0] if len(graphs) == 1 else Ensemble(graphs), tokenizer, cfg.decode, dev, None,
                        scorer=model, tgt_langs=langs)
         if kind == Engine.ctranslate2:

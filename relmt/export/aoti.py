@@ -47,12 +47,20 @@ def check_compiler() -> str:
 
 
 @torch.no_grad()
-def export_aoti(model: Transformer, directory: str | Path) -> Path:
-    """Compile encoder.pt2, step.pt2, search.pt2 and search_small.pt2 and write aoti.json into `directory`."""
+def export_aoti(model: Transformer, directory: str | Path, quantization: str = "float32") -> Path:
+    """Compile encoder.pt2, step.pt2, search.pt2 and search_small.pt2 and write aoti.json into `directory`; with
+    quantization=int8, of a copy with int8 linear maps (relmt/export/quantize.py), without search_small.pt2
+    (inductor's GEMM template autotunes float32 products; an int8 one stays an `_int_mm`)."""
     check_compiler()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = model.float().cpu().eval()
+    if quantization == "int8":
+        from relmt.export.quantize import int8_copy
+
+        model = int8_copy(model)
+    elif quantization != "float32":
+        raise UserError(f"quantization={quantization}: engine=aoti compiles float32 or int8 weights")
     src, step, encoder_dims, step_dims = examples(model)
     search, search_dims = search_examples(model)
     with warnings.catch_warnings():  # the compiler's deprecation chatter is not the user's business
@@ -60,8 +68,8 @@ def export_aoti(model: Transformer, directory: str | Path) -> Path:
         for name, module, args, dims, configs in (("encoder", EncoderGraph(model), src, encoder_dims, {}),
                                                   ("step", StepGraph(model), step, step_dims, {}),
                                                   ("search", SearchGraph(model), search, search_dims, {}),
-                                                  ("search_small", SearchGraph(model), search, search_dims,
-                                                   SMALL_CONFIGS)):
+                                                  *([("search_small", SearchGraph(model), search, search_dims,
+                                                      SMALL_CONFIGS)] if quantization == "float32" else [])):
             program = torch.export.export(module, args, dynamic_shapes=dims)
             tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
             # freezing: the weights become constants, prepacked for oneDNN's GEMMs (1.5x faster decoder steps
@@ -69,7 +77,7 @@ def export_aoti(model: Transformer, directory: str | Path) -> Path:
             torch._inductor.aoti_compile_and_package(program, package_path=str(tmp),
                                                      inductor_configs={"freezing": True, **configs})
             os.replace(tmp, directory / f"{name}.pt2")
-    meta = shape_of(model) | {"torch": torch.__version__}
+    meta = shape_of(model) | {"torch": torch.__version__, "quantization": quantization}
     (directory / "aoti.json").write_text(json.dumps(meta, indent=2) + "\n")
     return directory
 

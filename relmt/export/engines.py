@@ -55,7 +55,7 @@ QUANTIZATIONS = {
     Engine.ctranslate2: ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
                          "float32"),
     Engine.onnx: ("float32",),
-    Engine.aoti: ("float32",),
+    Engine.aoti: ("float32", "int8"),  # int8: torchao's dynamic int8 linear maps (relmt/export/quantize.py)
 }
 
 
@@ -99,9 +99,15 @@ def library_version(name: str) -> str:
             return "absent"
 
 
-def dependencies(engine: Engine) -> dict[str, str]:
-    """What `engine`'s artefact depends on beside the checkpoint's bytes; a change in any makes a new one."""
+def dependencies(engine: Engine, quantization: str = "float32") -> dict[str, str]:
+    """What `engine`'s artefact depends on beside the checkpoint's bytes; a change in any makes a new one. A
+    quantized artefact's key also holds its weight type and the quantizer's version (a float32 one's is as it
+    was before quantization existed)."""
     deps = {"torch": torch.__version__}
+    if quantization != "float32":
+        from relmt.export.quantize import torchao_version
+
+        deps |= {"quantization": quantization, "torchao": torchao_version()}
     if engine in (Engine.onnx, Engine.aoti):
         from relmt.export import graphs
 
@@ -135,10 +141,18 @@ def cache_folder(checkpoint: Path) -> Path:
     return root / f"{checkpoint.name}-{where}"
 
 
-def artefact_dir(checkpoint: Path, engine: Engine, checksum: str, deps: dict[str, str] | None = None) -> Path:
+def kind(engine: Engine, quantization: str = "float32") -> str:
+    """The name an artefact folder starts with: the engine, and a quantized one's weight type (aoti_int8), so that
+    the float32 and the int8 artefacts of a checkpoint are kept (and pruned) each on its own."""
+    return engine.value if quantization == "float32" else f"{engine.value}_{quantization}"
+
+
+def artefact_dir(checkpoint: Path, engine: Engine, checksum: str, deps: dict[str, str] | None = None,
+                 quantization: str = "float32") -> Path:
     """Where `engine`'s artefact of the checkpoint is: in `<checkpoint>.engines/` if it is there already or that
     folder can be written (or made), else in the user's cache."""
-    name = f"{engine.value}-{artefact_key(checksum, deps if deps is not None else dependencies(engine))}"
+    deps = deps if deps is not None else dependencies(engine, quantization)
+    name = f"{kind(engine, quantization)}-{artefact_key(checksum, deps)}"
     beside = checkpoint.parent / f"{checkpoint.name}.engines"
     if (beside / name).is_dir() or os.access(beside if beside.is_dir() else checkpoint.parent, os.W_OK):
         return beside / name
@@ -241,11 +255,13 @@ def prune(target: Path) -> None:
                 log.info("removed %s (unused for %.0f minutes; %s is the newest)", path, unused / 60, target.name)
 
 
-def ensure_artefact(checkpoint: Path, engine: Engine, checksum: str, write, verb: str = "exporting") -> Path:
-    """The folder of `engine`'s artefact of the checkpoint, made by `write(folder)` where it is not there yet
-    (one log line says why), marked as used now; older artefacts of the engine that are unused go."""
-    deps = dependencies(engine)
-    target, cache = artefact_dir(checkpoint, engine, checksum, deps), cache_folder(checkpoint)
+def ensure_artefact(checkpoint: Path, engine: Engine, checksum: str, write, verb: str = "exporting",
+                    quantization: str = "float32") -> Path:
+    """The folder of `engine`'s artefact of the checkpoint (of weight type `quantization`), made by
+    `write(folder)` where it is not there yet (one log line says why), marked as used now; older artefacts of
+    the engine and weight type that are unused go."""
+    deps = dependencies(engine, quantization)
+    target, cache = artefact_dir(checkpoint, engine, checksum, deps, quantization), cache_folder(checkpoint)
     tmp = None
     if not target.is_dir() and cache not in target.parents:
         try:
@@ -257,8 +273,8 @@ def ensure_artefact(checkpoint: Path, engine: Engine, checksum: str, write, verb
             beside = checkpoint.parent / f"{checkpoint.name}.engines"
             log.warning("%s is not writable: the %s engine's files go to %s", beside if beside.is_dir() else
                         checkpoint.parent, engine.value, cache)
-        log.warning("engine=%s: %s %s %s, to %s", engine.value, verb, checkpoint, why_new(target, checksum, deps),
-                    target)
+        log.warning("engine=%s%s: %s %s %s, to %s", engine.value, "" if quantization == "float32" else
+                    f" quantization={quantization}", verb, checkpoint, why_new(target, checksum, deps), target)
         record = {"checkpoint": str(checkpoint), "checksum": checksum, **deps}
 
         def write_all(folder: Path) -> None:
@@ -274,21 +290,24 @@ def ensure_artefact(checkpoint: Path, engine: Engine, checksum: str, write, verb
     return target
 
 
-def write_graphs(engine: Engine, model, directory: Path) -> Path:
-    """The graphs of onnx or aoti for `model`, written into `directory`."""
+def write_graphs(engine: Engine, model, directory: Path, quantization: str = "float32") -> Path:
+    """The graphs of onnx or aoti for `model`, written into `directory` (aoti: with int8 linear maps where
+    `quantization` is int8)."""
     if engine == Engine.onnx:
         from relmt.export.onnx import export_onnx
 
         return export_onnx(model, directory)
     from relmt.export.aoti import export_aoti
 
-    return export_aoti(model, directory)
+    return export_aoti(model, directory, quantization)
 
 
-def graph_model(engine: Engine, model, checkpoint: Path, checksum: str, threads: int = 0):
+def graph_model(engine: Engine, model, checkpoint: Path, checksum: str, threads: int = 0,
+                quantization: str = "float32"):
     """The checkpoint's model on the onnx or aoti engine (a relmt.export.graphs.GraphModel), its artefact made
     on first use."""
-    target = ensure_artefact(checkpoint, engine, checksum, lambda tmp: write_graphs(engine, model, tmp))
+    target = ensure_artefact(checkpoint, engine, checksum,
+                             lambda tmp: write_graphs(engine, model, tmp, quantization), quantization=quantization)
     if engine == Engine.onnx:
         from relmt.export.onnx import OnnxModel
 
@@ -298,8 +317,8 @@ def graph_model(engine: Engine, model, checkpoint: Path, checksum: str, threads:
     return AotiModel(target)
 
 
-def export_checkpoint(checkpoint_path: str | Path, output_dir: str | Path, engine: Engine, force: bool = False
-                      ) -> Path:
+def export_checkpoint(checkpoint_path: str | Path, output_dir: str | Path, engine: Engine, force: bool = False,
+                      quantization: str = "float32") -> Path:
     """relmt-export format=onnx|aoti: the checkpoint's two graphs, its sentencepiece.model and relmt_export.json
     (the decode config), written beside `output_dir` and moved into place, so a failed export leaves nothing."""
     import json
@@ -321,9 +340,10 @@ def export_checkpoint(checkpoint_path: str | Path, output_dir: str | Path, engin
     checkpoint.load_model_state(model, ck["model"], Path(checkpoint_path))
 
     def write(tmp: Path) -> None:
-        write_graphs(engine, model, tmp)
+        write_graphs(engine, model, tmp, quantization)
         (tmp / "sentencepiece.model").write_bytes(tokenizer.model_bytes())
         (tmp / INFO_FILE).write_text(json.dumps({"checkpoint": str(checkpoint_path), "format": engine.value,
+                                                 "quantization": quantization,
                                                  "decode": to_dict(cfg)["decode"]}, indent=2) + "\n")
 
     new = out.with_name(f".{out.name}.new")

@@ -15,6 +15,7 @@ EXAMPLE = "relmt-serve checkpoint=runs/x/checkpoints/best.pt"
 class ServeArgs:
     checkpoint: Any = "???"  # a path, or a list of them ([a.pt,b.pt]) for an ensemble; fixed at start
     engine: str = "torch"  # torch | onnx | aoti | ctranslate2, as relmt-translate engine=
+    quantization: str = ""  # engine=aoti: int8, as relmt-translate quantization=; default float32
     device: str = "auto"
     precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
     # torch's intra-op threads for decoding; 0 = torch's default (OMP_NUM_THREADS, else every core). The

@@ -15,7 +15,7 @@ import sys
 from relmt.errors import UserError
 
 USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ctranslate2] [device=auto]\n"
-         "            [precision=auto|fp32|bf16|fp16] [threads=0] [host=127.0.0.1] [port=8000]\n"
+         "            [quantization=int8] [precision=auto|fp32|bf16|fp16] [threads=0] [host=127.0.0.1] [port=8000]\n"
          "            [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000] [max_beam=8]\n"
          "            [max_connections=1024] [request_timeout_s=10] [cors_origins=[https://app.example.org,...]]\n"
          "            [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=30] [continuous=true]\n"
@@ -78,7 +78,7 @@ def serve(argv: list[str]) -> int:
             torch.set_num_threads(args.threads)
         tune_cpu()
         translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
-                                                 engine=args.engine)
+                                                 engine=args.engine, quantization=args.quantization or "float32")
         translator.decode = replace(translator.decode, **lengths)
         return translator
 
