@@ -13,6 +13,7 @@ relative-position tables (Shaw §3, shared or per head) and attention itself sta
 from __future__ import annotations
 
 import copy
+import logging
 
 from torch import nn
 
@@ -24,11 +25,20 @@ UNUSED_ONCE_FROZEN = ("q_proj", "self_attn.kv_proj")  # read by nothing after fr
 
 def torchao_version() -> str:
     """The installed torchao's version, or a UserError saying how to get it."""
+    # its CUDA kernels fail to load on a CPU machine, a warning each, and it registers an enum with torch's pytree
+    # the deprecated way: neither is the user's business
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
     try:
         import torchao
     except ImportError as e:
         raise UserError(f"quantization=int8 for aoti quantizes with torchao ({e}): pip install 'relmt[int8]'") \
             from None
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
     return str(torchao.__version__)
 
 
