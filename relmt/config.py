@@ -267,6 +267,9 @@ class DataConfig:
             _check(c.name not in ("", "???") and c.name.replace("_", "").replace("-", "").isalnum(), f"{key}.name",
                    f"must be a label of letters, digits, - and _, got {c.name!r}")
             _check(c.name not in names[:i], f"{key}.name", f"{c.name!r} names two corpora")
+            clash = next((o for o in names if o != c.name and c.name.startswith(f"{o}_")), None)
+            _check(clash is None, f"{key}.name", f"{c.name!r} begins with another corpus's name and '_' ({clash!r}): "
+                   "its split names ({name}_{split}) could not be told apart; rename one")
             _check(c.source != Source.corpora, f"{key}.source", "must be toy, text or hf")
             _check(c.weight >= 0 and c.weight < float("inf"), f"{key}.weight", f"must be >= 0, got {c.weight}")
             _check(c.source == Source.toy or "train" in c.splits, f"{key}.splits",

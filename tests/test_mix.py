@@ -102,6 +102,8 @@ def test_a_multilingual_model_is_told_its_target_language(mixed):
         translator.translate("ab cd")
     with pytest.raises(UserError, match="tgt_lang=de: not one of its languages"):
         translator.translate("ab cd", tgt_lang="de")
+    with pytest.raises(UserError, match="sentence 2 begins with a language tag already, and tgt_lang=fr adds one"):
+        translator.translate(["ab", "<2fr> cd"], tgt_lang="fr")
     source = prepare(cfg.data).texts("ep_test", "src")[0].removeprefix("<2fr> ")
     hyps = translator.hypotheses([source], tgt_lang="fr", beam=1, max_len_b=6)
     tagged = translator.hypotheses([f"<2fr> {source}"], beam=1, max_len_b=6)  # what tgt_lang does: the tag
@@ -118,6 +120,24 @@ def test_a_multilingual_model_is_told_its_target_language(mixed):
                           input=source + "\n", text=True, capture_output=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout == translator.translate(source, tgt_lang="fr", beam=1, max_len_b=6) + "\n"
+
+
+def test_a_tag_cut_into_two_pieces_is_left_out_of_the_alignments_whole(tmp_path):
+    """bpe and unigram models cut a lone "▁" off before a user-defined tag: both pieces are the tag's."""
+    from relmt.data.tokenizer import Tokenizer, train_tokenizer
+    from relmt.data.toy import generate
+    from relmt.decode.translator import tag_pieces
+
+    pairs = generate(seed=1, n_train=300, n_valid=0, n_test=0, n_test_long=0)["train"]
+    train_tokenizer([f"<2fr> {s}" for s, _ in pairs] + [t for _, t in pairs], tmp_path / "spm.model", 200, "bpe",
+                    user_symbols=["<2fr>", "<2de>"])
+    tok = Tokenizer(tmp_path / "spm.model")
+    tags = {tok.sp.piece_to_id(p) for p in ("<2fr>", "\u2581<2fr>", "<2de>", "\u2581<2de>")} - {tok.sp.unk_id()}
+    sentence = pairs[0][0]
+    ids = tok.encode([f"<2fr> {sentence}"])[0]
+    n = tag_pieces(ids, tags)
+    assert n >= 1 and tok.sp.decode(ids[n:]) == sentence and tok.sp.decode(ids[:n]).strip() == "<2fr>"
+    assert tag_pieces(tok.encode([sentence])[0], tags) == 0
 
 
 def test_the_server_tags_a_request_for_its_tgt_lang():
@@ -190,6 +210,8 @@ def test_the_weights_do_not_enter_the_cache_key(tmp_path):
      "data.corpora: no corpus has a valid split"),
     (dict(corpora=[CorpusConfig(name="a", source=Source.toy)], valid_corpus="b"), "data.valid_corpus: must name"),
     (dict(corpora=[CorpusConfig(name="a", source=Source.toy)], dir="x"), "data.dir: source=corpora reads each"),
+    (dict(corpora=[CorpusConfig(name="ep", source=Source.toy), CorpusConfig(name="ep_bt", source=Source.toy)]),
+     r"data.corpora\[1\].name: 'ep_bt' begins with another corpus's name and '_' \('ep'\)"),
 ])
 def test_bad_corpora_name_the_key(change, key):
     with pytest.raises(ValueError, match=key):

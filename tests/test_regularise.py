@@ -65,6 +65,8 @@ def test_stored_epochs_are_read_back_not_sampled_again(split, tmp_path, monkeypa
     assert sorted(p.name for p in (tmp_path / "pieces").iterdir()) == ["epoch_0.npz", "epoch_1.npz"]
     second = r.epoch(1)
     r.worker.join()
+    assert sorted(p.name for p in (tmp_path / "pieces").iterdir()) == ["epoch_0.npz", "epoch_1.npz", "epoch_2.npz"]
+    r.forget_before(1)  # a checkpoint of epoch 1 is saved: a resume never needs epoch 0 again
     assert sorted(p.name for p in (tmp_path / "pieces").iterdir()) == ["epoch_1.npz", "epoch_2.npz"]
 
     def other_process(data, tok, alpha, nbest, seed, epoch):
@@ -78,6 +80,18 @@ def test_stored_epochs_are_read_back_not_sampled_again(split, tmp_path, monkeypa
     assert rows(rank1.epoch(2), "src") == rows(again.epoch(2), "src")  # another rank reads what rank 0 stored
     with pytest.raises(RuntimeError, match="rank 0 did not store epoch 7"):
         rank1.epoch(7)
+
+
+def test_pieces_stored_by_another_run_are_sampled_anew_and_a_missing_epoch_is_said(split, tmp_path, caplog):
+    tok, ids = split
+    Resampler(ids, tok, 0.3, -1, seed=1, store=tmp_path / "pieces").epoch(0)  # another run's, seed 1
+    other = Resampler(ids, tok, 0.3, -1, seed=2, store=tmp_path / "pieces", resumed=True)
+    assert other.stored(0) is None  # made from other settings: never read
+    with caplog.at_level("WARNING"):
+        assert rows(other.epoch(0), "src") == rows(resample(ids, tok, 0.3, -1, 2, 0), "src")
+    assert "the pieces of epoch 0, where this run resumes, are not stored" in caplog.text
+    other.worker.join()
+    assert rows(other.stored(0), "src") == rows(resample(ids, tok, 0.3, -1, 2, 0), "src")  # stored for seed 2 now
 
 
 def test_a_resumed_run_with_sampled_pieces_equals_an_uninterrupted_one(tmp_path, monkeypatch):

@@ -184,7 +184,7 @@ def cache_key(cfg: DataConfig) -> str:
         settings["corpora"] = [_corpus_key(corpus_config(cfg, i), c) for i, c in enumerate(settings["corpora"])]
     if cfg.source != Source.toy:
         settings.pop("toy")
-    else:
+    if cfg.source == Source.toy or any(c.source == Source.toy for c in cfg.corpora):
         from relmt.data import toy
 
         settings["toy_code"] = hashlib.sha256(Path(toy.__file__).read_bytes()).hexdigest()

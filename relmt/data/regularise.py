@@ -12,8 +12,9 @@ sentencepiece draws from one generator per thread, seeded when the thread first 
 encoded in a thread of its own, seeded by (seed, epoch): within one process the same epoch gives the same
 pieces. Across processes it does not (sentencepiece 0.2.3 gives other pieces for the same seed in every new
 process), so a resume cannot sample an epoch again: each epoch's pieces are stored in the run directory
-(`pieces/epoch_N.npz`, the current epoch and the next) when they are made, and a resumed run, or another rank,
-reads them from there.
+(`pieces/epoch_N.npz`) when they are made, and a resumed run, or another rank, reads them from there. An epoch's
+file goes once a checkpoint of a later epoch is saved (`forget_before`); each file names the sampling and the data
+it was made for, and one of another run (other settings, other data) is sampled anew, never read.
 """
 
 from __future__ import annotations
@@ -72,17 +73,29 @@ def resample(data: SplitIds, tokenizer: Tokenizer, alpha: float, nbest: int, see
     return out[0]
 
 
-def save(ids: SplitIds, path: Path) -> None:
+def fingerprint(data: SplitIds, alpha: float, nbest: int, seed: int) -> str:
+    """What an epoch's stored pieces were sampled from: the deterministic ids and the sampling settings."""
+    h = hashlib.sha256(f"{alpha}:{nbest}:{seed}:".encode())
+    for a in (data.src_offsets, data.tgt_offsets, data.src[:4096], data.tgt[:4096]):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def save(ids: SplitIds, path: Path, made_from: str) -> None:
     """Writes an epoch's pieces atomically: a run killed while writing leaves the old file or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, src=ids.src, src_offsets=ids.src_offsets, tgt=ids.tgt, tgt_offsets=ids.tgt_offsets)
+        np.savez(f, src=ids.src, src_offsets=ids.src_offsets, tgt=ids.tgt, tgt_offsets=ids.tgt_offsets,
+                 made_from=np.array(made_from))
     os.replace(tmp, path)
 
 
-def load(path: Path) -> SplitIds:
+def load(path: Path, made_from: str) -> SplitIds | None:
+    """The pieces stored at `path`, or None where they were made from other data or settings (another run's)."""
     with np.load(path) as z:
+        if "made_from" not in z or str(z["made_from"]) != made_from:
+            return None
         return SplitIds(z["src"], z["src_offsets"], z["tgt"], z["tgt_offsets"])
 
 
@@ -90,12 +103,15 @@ class Resampler:
     """The training split of each epoch, sampled (resample), with the next epoch prepared in the background.
 
     With `store` (the run's `pieces/` folder) each epoch is written there as it is made and read back when it is
-    asked for again (a resume); with `sample=False` (ranks other than 0) it only reads what rank 0 stored."""
+    asked for again (a resume); with `sample=False` (ranks other than 0) it only reads what rank 0 stored.
+    `resumed`: the first epoch asked for continues an interrupted run, which sampled it already; if its pieces are
+    not stored, the log says that they are sampled anew."""
 
     def __init__(self, data: SplitIds, tokenizer: Tokenizer, alpha: float, nbest: int, seed: int,
-                 store: Path | None = None, sample: bool = True) -> None:
+                 store: Path | None = None, sample: bool = True, resumed: bool = False) -> None:
         self.data, self.tokenizer, self.alpha, self.nbest, self.seed = data, tokenizer, alpha, nbest, seed
-        self.store, self.sample = store, sample
+        self.store, self.sample, self.resumed = store, sample, resumed
+        self.made_from = fingerprint(data, alpha, nbest, seed)
         self.ready: dict[int, SplitIds] = {}
         self.worker: threading.Thread | None = None
         self.failed: BaseException | None = None  # the background encoding's error, raised when its epoch is due
@@ -103,14 +119,18 @@ class Resampler:
     def path(self, epoch: int) -> Path | None:
         return None if self.store is None else self.store / f"epoch_{epoch}.npz"
 
-    def _prepare(self, epoch: int) -> None:
+    def stored(self, epoch: int) -> SplitIds | None:
+        """Epoch `epoch`'s pieces as this run stored them, or None."""
         path = self.path(epoch)
-        if path is not None and path.exists():
-            self.ready[epoch] = load(path)
+        return load(path, self.made_from) if path is not None and path.exists() else None
+
+    def _prepare(self, epoch: int) -> None:
+        if (ids := self.stored(epoch)) is not None:
+            self.ready[epoch] = ids
             return
         ids = resample(self.data, self.tokenizer, self.alpha, self.nbest, self.seed, epoch)
-        if path is not None:
-            save(ids, path)
+        if (path := self.path(epoch)) is not None:
+            save(ids, path, self.made_from)
         self.ready[epoch] = ids
 
     def _prepare_next(self, epoch: int) -> None:
@@ -119,8 +139,9 @@ class Resampler:
         except BaseException as e:  # noqa: BLE001 (a full disk, say): raised in the training thread
             self.failed = e
 
-    def _forget_before(self, epoch: int) -> None:
-        """Removes the stored epochs before `epoch`: a resume never goes back to them."""
+    def forget_before(self, epoch: int) -> None:
+        """Removes the stored epochs before `epoch`, once a checkpoint of epoch `epoch` is saved: a resume from it
+        never goes back to them."""
         for old in self.store.glob("epoch_*.npz") if self.store is not None and self.sample else ():
             if int(old.stem.split("_")[1]) < epoch:
                 old.unlink(missing_ok=True)
@@ -134,20 +155,23 @@ class Resampler:
             failed, self.failed = self.failed, None
             raise failed
         if not self.sample:  # another rank: rank 0 stored this epoch before the barrier that precedes this call
-            path = self.path(epoch)
-            if path is None or not path.exists():
-                raise RuntimeError(f"subword regularisation: rank 0 did not store epoch {epoch} at {path}")
-            return load(path)
-        stored = (path := self.path(epoch)) is not None and path.exists() and epoch not in self.ready
+            if (ids := self.stored(epoch)) is None:
+                raise RuntimeError(f"subword regularisation: rank 0 did not store epoch {epoch} at {self.path(epoch)}")
+            return ids
+        stored = epoch not in self.ready and self.stored(epoch) is not None
+        if self.resumed and not stored and epoch not in self.ready:
+            log.warning("subword regularisation: the pieces of epoch %d, where this run resumes, are not stored in "
+                        "%s: sampled anew, so the rest of the epoch differs from the interrupted run's", epoch,
+                        self.store)
+        self.resumed = False
         if epoch not in self.ready:
             self._prepare(epoch)
         data = self.ready.pop(epoch)
         self.ready = {}
-        self._forget_before(epoch)
         self.worker = threading.Thread(target=self._prepare_next, args=(epoch + 1,), daemon=True)
         self.worker.start()
         n_det, n_new = len(self.data.src) + len(self.data.tgt), len(data.src) + len(data.tgt)
         log.info("epoch %d: subword regularisation (alpha %g, nbest %d) cut the training split into %d pieces "
                  "(%+.1f%% against the deterministic %d)%s", epoch, self.alpha, self.nbest, n_new,
-                 100 * (n_new / max(n_det, 1) - 1), n_det, f"; read from {path}" if stored else "")
+                 100 * (n_new / max(n_det, 1) - 1), n_det, f"; read from {self.path(epoch)}" if stored else "")
         return data

@@ -56,6 +56,12 @@ from relmt.runtime import autocast_dtype, resolve_device
 log = logging.getLogger(__name__)
 
 
+def tag_pieces(ids: Sequence[int], tag_ids: set[int]) -> int:
+    """How many of a source's first pieces are its language tag: the tag, and a lone "▁" before it where the
+    sentencepiece model cuts one off (bpe and unigram do); 0 for an untagged source."""
+    return next((i + 1 for i, t in enumerate(ids[:2]) if t in tag_ids), 0)
+
+
 def checkpoint_tokenizer(spm: dict) -> Tokenizer:
     """The sentencepiece model a checkpoint was trained with: its file if unchanged, else its bytes."""
     path = Path(spm["path"])
@@ -202,6 +208,10 @@ class Translator:
         tags = tuple(f"{lang_tag(lang)} " for lang in self.tgt_langs)
         if tgt_lang is None and all(s.startswith(tags) for s in sentences if s.strip()):
             return list(sentences)  # tagged by the caller, as the training data was
+        if tgt_lang is not None and (i := next((i for i, s in enumerate(sentences) if s.startswith(tags)), None)) \
+                is not None:
+            raise UserError(f"sentence {i + 1} begins with a language tag already, and tgt_lang={tgt_lang} adds "
+                            "one: give tagged sentences without tgt_lang, or plain ones with it")
         if tgt_lang not in self.tgt_langs:
             given = "no tgt_lang given" if tgt_lang is None else f"tgt_lang={tgt_lang}: not one of its languages"
             raise UserError(f"{given}: this multilingual model translates into {', '.join(self.tgt_langs)}; "
@@ -321,8 +331,8 @@ class Translator:
             pieces = [sp.id_to_piece(t) for t in h.tokens]
             steps = list(note.token_logprobs[: len(h.tokens) + h.eos]) if token_scores else None
             links = None
-            if alignments:  # a multilingual model's tag is no source word: its column is left out
-                skip = int(bool(x) and x[0] in self.tag_ids)
+            if alignments:  # a multilingual model's tag is no source word: its pieces' columns are left out
+                skip = tag_pieces(x, self.tag_ids)
                 links = pharaoh(word_links(note.attention[:, skip:],
                                            [sp.id_to_piece(t) for t in x[skip: cfg.max_source_len or None]], pieces))
             out.append(Translation(text, h.score, pieces, steps, links, h.unmet))

@@ -105,9 +105,9 @@ def dependencies(engine: Engine, quantization: str = "float32") -> dict[str, str
     was before quantization existed)."""
     deps = {"torch": torch.__version__}
     if quantization != "float32":
-        from relmt.export.quantize import torchao_version
+        from relmt.export.quantize import INT8_VERSION, torchao_version
 
-        deps |= {"quantization": quantization, "torchao": torchao_version()}
+        deps |= {"quantization": quantization, "torchao": torchao_version(), "relmt int8": str(INT8_VERSION)}
     if engine in (Engine.onnx, Engine.aoti):
         from relmt.export import graphs
 

@@ -20,7 +20,8 @@ from torch import nn
 from relmt.errors import UserError
 from relmt.model.transformer import Transformer
 
-UNUSED_ONCE_FROZEN = ("q_proj", "self_attn.kv_proj")  # read by nothing after freeze_projections
+UNUSED_ONCE_FROZEN = ("q_proj",)  # read by nothing after freeze_projections (the frozen "q" and "qkv" are)
+INT8_VERSION = 2  # in the int8 artefacts' key (relmt/export/engines.py): 2, the encoder's W^K|W^V int8 too
 
 
 def torchao_version() -> str:

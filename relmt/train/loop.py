@@ -245,7 +245,8 @@ def train(cfg: Config) -> dict:
     # Subword regularisation: each epoch's pieces sampled by rank 0 and stored in the run, for a resume and the
     # other ranks (sentencepiece's sampling is not reproducible across processes).
     resampler = (Resampler(train_ids, tokenizer, cfg.data.spm_alpha, cfg.data.spm_nbest, cfg.seed,
-                           store=out / "pieces", sample=dist.is_main) if cfg.data.spm_alpha > 0 else None)
+                           store=out / "pieces", sample=dist.is_main, resumed=ck is not None)
+                 if cfg.data.spm_alpha > 0 else None)
 
     # Several corpora (data.corpora): each epoch's pairs drawn by weight (relmt/data/mix.py)
     labels, corpus_names = corpus.corpus_labels("train"), [c.name for c in cfg.data.corpora]
@@ -396,6 +397,8 @@ def train(cfg: Config) -> dict:
                 state.wall_seconds = wall()
                 resume.save_checkpoints(ckpt_dir, names, model, optimizer, scaler, state, cfg, spm, dist,
                                         batch_source)
+                if resampler is not None:  # a resume from this checkpoint starts in state.epoch
+                    resampler.forget_before(state.epoch)
     bar.close()
 
     # A signal during the final update still stops the run: its tests are not scored, so it is not

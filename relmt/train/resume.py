@@ -275,7 +275,7 @@ def trim_history(path: Path, step: int) -> None:
 STOPPING_KEYS = ("max_steps", "max_epochs", "patience")
 # What a run directory holds besides Hydra's files: the checkpoints and the results. relmt-train removes
 # them only for train.overwrite=true.
-RUN_FILES = ("checkpoints", "metrics.json", "metrics.jsonl", "tb", "translations")
+RUN_FILES = ("checkpoints", "metrics.json", "metrics.jsonl", "tb", "translations", "pieces")
 
 
 def read_results(out: Path) -> dict | None:
