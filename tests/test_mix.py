@@ -233,7 +233,7 @@ def test_a_missing_corpus_file_names_the_file_and_the_corpus(tmp_path):
         CorpusConfig(name="ok", source=Source.text, dir=str(tmp_path / "c"),
                      splits={"train": "train", "valid": "valid"}),
         CorpusConfig(name="gone", source=Source.text, dir=str(tmp_path / "c"), splits={"train": "missing"})])
-    with pytest.raises(UserError, match=r"c/missing.src: no such file \(split 'missing'"):
+    with pytest.raises(UserError, match=r"data.corpora\[1\] \(gone\): .*c/missing.src: no such file \(split .missing."):
         prepare(cfg)
 
 
@@ -246,3 +246,9 @@ def test_a_config_without_the_corpora_keys_keeps_the_cache_key_it_had_before_the
     cfg = DataConfig(name="wmt", source=Source.hf, hf_path="wmt14", hf_name="de-en",
                      splits={"train": "train", "valid": "validation"})
     assert cache_key(cfg) == "aef872e92355b4f3"
+
+
+def test_a_corpus_with_a_weight_and_no_pairs_left_names_its_key():
+    with pytest.raises(UserError, match=r"data.corpora\[1\] \(b\): weight 2, but none of its training pairs"):
+        Mix(np.array([0, 0, 0]), [1, 2], ["a", "b"], seed=1)
+    assert Mix(np.array([0, 0, 0]), [1, 0], ["a", "b"], seed=1).per_epoch.tolist() == [3, 0]  # weight 0: left out

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from relmt.data.dataset import SplitIds
+from relmt.errors import UserError
 
 
 def shares(total: int, weights: list[float]) -> np.ndarray:
@@ -59,9 +60,10 @@ class Mix:
     def __init__(self, labels: np.ndarray, weights: list[float], names: list[str], seed: int) -> None:
         self.labels, self.names, self.seed = np.asarray(labels), names, seed
         self.members = [np.flatnonzero(self.labels == c) for c in range(len(names))]
-        for name, members, w in zip(names, self.members, weights):
+        for i, (name, members, w) in enumerate(zip(names, self.members, weights)):
             if w > 0 and len(members) == 0:
-                raise ValueError(f"corpus {name}: weight {w:g} but no training pairs left to draw")
+                raise UserError(f"data.corpora[{i}] ({name}): weight {w:g}, but none of its training pairs is left "
+                                "after the filters (the log says why each was dropped); give it weight 0 or pairs")
         self.per_epoch = shares(len(self.labels), weights)
 
     def epoch(self, epoch: int) -> np.ndarray:

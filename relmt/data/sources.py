@@ -127,7 +127,10 @@ def _corpora(cfg: DataConfig) -> datasets.DatasetDict:
     out, trains, primary = {}, [], valid_corpus(cfg)
     for i, c in enumerate(cfg.corpora):
         sub = corpus_config(cfg, i)
-        raw = load_pairs(sub)
+        try:
+            raw = load_pairs(sub)
+        except UserError as e:  # its messages name the one-corpus keys (data.dir=...): say whose they are
+            raise UserError(f"data.corpora[{i}] ({c.name}): {e}") from None
         for name in [n for n, d in raw.items() if c.source == Source.toy and n not in ("train", "valid")
                      and len(d) == 0]:
             log.info("the toy split '%s' of %s is empty (data.corpora[%d].toy.n_%s=0): left out", name, c.name, i,
