@@ -68,10 +68,11 @@ def check_quantization(engine: Engine, value: str) -> None:
     if not value or value in QUANTIZATIONS[engine] or engine == Engine.ctranslate2:
         return
     able = [e.value for e, types in QUANTIZATIONS.items() if value in types]
+    writes = " or ".join(QUANTIZATIONS[engine])
     if not able:
         raise UserError(f"quantization={value}: must be one of {', '.join(QUANTIZATIONS[Engine.ctranslate2])} "
-                        f"(format=ctranslate2; format={engine.value} writes float32 only)")
-    raise UserError(f"quantization={value}: format={engine.value} writes float32 weights only (leave quantization "
+                        f"(format=ctranslate2; format={engine.value} writes {writes} only)")
+    raise UserError(f"quantization={value}: format={engine.value} writes {writes} weights only (leave quantization "
                     f"out, or give float32); quantization={value} is for format={' or format='.join(able)}")
 
 
