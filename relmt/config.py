@@ -250,7 +250,7 @@ class DataConfig:
                f"needs data.spm_normalization=identity (got {self.spm_normalization.value}): sentencepiece "
                "takes one rule table, and lowercasing is one")
         _check(self.source == Source.corpora or not self.corpora, "data.corpora",
-               f"needs data.source=corpora (got {self.source.value})")
+               f"needs data.source=corpora (got {getattr(self.source, 'value', self.source)})")
         _check(self.source == Source.corpora or not self.lang_tags, "data.lang_tags",
                "tags the sources of several language pairs: it needs data.source=corpora")
         t = self.toy

@@ -232,7 +232,7 @@ def test_unknown_routes_and_methods_answer_error_and_field(robust):
      "options.bem: no such option (did you mean beam?); the options are beam, nbest, lenpen, length_norm, "
      "eos_candidates, sampling, topk, topp, temperature, seed"),
     (b'{"text": "a", "txt": "b"}', "txt", "txt: no such field (did you mean text?); the fields are text, options, "
-     "prefix, constraints, constraints_order, alignments, token_scores"),
+     "prefix, constraints, constraints_order, alignments, token_scores, tgt_lang"),
 ], ids=["number", "object", "item", "option typo", "field typo"])
 def test_a_wrong_type_or_a_typo_is_said_plainly(robust, raw, field, message):
     r = robust.client.post("/v1/translate", content=raw, headers={"Content-Type": "application/json"})
