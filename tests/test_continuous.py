@@ -12,6 +12,7 @@ from relmt.config import DecodeConfig
 from relmt.decode import continuous
 from relmt.decode.beam import beam_search
 from tests.test_incremental import MODES, make
+from tests.test_search_graph import EagerGraphs
 
 PAD, BOS, EOS = 0, 2, 3
 SOURCES = [[5, 9, 12, 7, 30], [8, 11], [6, 6, 6, 6], [14, 5], [9, 9, 21, 4, 4, 17, 8]]
@@ -104,3 +105,28 @@ def test_rope_and_sampling_are_served_batch_by_batch():
     assert continuous.supports(make("rel"), DecodeConfig())
     assert not continuous.supports(make("rope"), DecodeConfig())  # keys rotated by slot: slots never shift here
     assert not continuous.supports(make("rel"), DecodeConfig(sampling=True))
+
+
+@pytest.mark.parametrize("mode", SERVED)
+def test_an_engines_graphs_join_as_the_model_does(mode, float64):
+    """Continuous batching on an engine (issue 62 §3): relmt/export/graphs.py's step graph, run eagerly here
+    (tests/test_engines.py compiles it), takes the rows' starts; sentences that join it get the hypotheses that
+    beam_search gives each alone on the model itself."""
+    model = make(mode)
+    graphs = EagerGraphs(model)
+    cfg = DecodeConfig(beam=3, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    assert continuous.supports(graphs, cfg)
+    out = run_schedule(graphs, cfg, {0: [0], 2: [1, 2], 3: [3], 12: [4]})
+    assert graphs.calls["step"] > 0 and graphs.calls["search"] == 0
+    for i, hyps in out.items():
+        want = alone(model, SOURCES[i], cfg)
+        assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-9)
+
+
+def test_engines_without_starts_or_with_rope_are_served_batch_by_batch():
+    assert not continuous.supports(EagerGraphs(make("rope")), DecodeConfig())
+    old = EagerGraphs(make("rel"))
+    old.starts = old.continuous = False  # an export made before the step graph took starts (GRAPHS_VERSION < 3)
+    assert not continuous.supports(old, DecodeConfig())
+    assert continuous.supports(EagerGraphs(make("rel")), DecodeConfig())

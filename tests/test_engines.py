@@ -9,12 +9,15 @@ leaves out (make test-exhaustive runs it)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from relmt.config import DecodeConfig, EosCandidates, Norm, PosKind
+from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from relmt.decode import continuous
 from relmt.decode.translator import Translator
 from relmt.export.aoti import AotiModel, export_aoti
 from relmt.export.onnx import OnnxModel, export_onnx
@@ -91,6 +94,26 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
             assert [h.tokens for h in a] == [h.tokens for h in b], (sentence, options)
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
     assert max(len(h[0].tokens) for h in mine) < 20  # every output ended with EOS
+    # continuous batching (relmt-serve's, issue 62 §3): sentences that join the engine's running search at steps
+    # 0, 1 and 4 get what eager relmt gives each decoded alone
+    cfg = replace(eager.decode, beam=4, nbest=4)
+    assert continuous.supports(other.model, cfg)
+    ids = [x + [EOS_ID] for x in eager.tokenizer.encode(TOY)]
+    run, out, schedule = None, {}, {0: [0, 1], 1: [2], 4: list(range(3, len(TOY)))}
+    for step in range(200):
+        if step in schedule:
+            src = torch.full((len(schedule[step]), max(len(ids[i]) for i in schedule[step])), PAD_ID)
+            for row, i in enumerate(schedule[step]):
+                src[row, : len(ids[i])] = torch.tensor(ids[i])
+            run = continuous.join(run, continuous.start(other.model, src, schedule[step], cfg, BOS_ID), PAD_ID)
+        if run is not None:
+            run, finished = continuous.advance(other.model, run, cfg, BOS_ID, EOS_ID)
+            out.update(finished)
+        if len(out) == len(TOY):
+            break
+    for i, want in enumerate(eager.hypotheses(TOY, beam=4, nbest=4)):
+        assert [h.tokens for h in out[i]] == [h.tokens for h in want], TOY[i]
+        assert [h.score for h in out[i]] == pytest.approx([h.score for h in want], abs=1e-4)
 
 
 @pytest.mark.slow

@@ -12,6 +12,10 @@ the distance j - i, the same between slots as between positions. When the longes
 finishes, the slots no remaining sentence uses are cut from the front. RoPE rotates keys by their
 slot, so a RoPE model is refused here (`supports`) and served batch by batch.
 
+The same runs on an engine's graphs (relmt/export/graphs.py's GraphModel: engine=onnx or aoti, issue 62 §3): its
+step graph takes the rows' starts as an input, its memory holds the cross-attention keys and values and its cache
+the self-attention ones, which `join` and `trim` extend and cut as they do a Transformer's.
+
 Each step is `relmt.decode.beam.beam_search`'s loop body with a step count per sentence: the same
 candidates, EOS rules (t2t or fairseq), pools, stopping rule and length penalty, so a sentence decoded
 here gets the hypotheses it gets alone (tests/test_continuous.py, float64: the same tokens; the scores
@@ -44,10 +48,14 @@ from relmt.model.transformer import Transformer
 
 
 def supports(model: object, cfg: DecodeConfig) -> bool:
-    """Whether `model` can decode under `cfg` here: relmt's own Transformer (not an ensemble or another
-    engine's graphs), no RoPE, and a beam search (sampling seeds by the batch's line numbers)."""
-    return (isinstance(model, Transformer) and not isinstance(model.decoder_positions, Rotary)
-            and not cfg.sampling)
+    """Whether `model` can decode under `cfg` here: relmt's own Transformer or an engine's graphs whose step
+    takes per-row starts (relmt/export/graphs.py's GraphModel with `continuous`; not an ensemble), no RoPE, and a
+    beam search (sampling seeds by the batch's line numbers)."""
+    if cfg.sampling:
+        return False
+    if isinstance(model, Transformer):
+        return not isinstance(model.decoder_positions, Rotary)
+    return bool(getattr(model, "continuous", False))
 
 
 @dataclass(frozen=True)
@@ -61,9 +69,9 @@ class Running:
     pool_scores: Tensor  # (n, K) finished hypotheses' scores, -inf where none yet
     pool_tokens: Tensor  # (n, K, T) their tokens
     limit: Tensor  # (n,) steps allowed per sentence, floor(a |x| + b)
-    memory: Tensor  # (n, S, d_model)
+    memory: Tensor  # (n, S, d_model); an engine's GraphMemory: the cross keys and values
     src_mask: Tensor  # (n, S)
-    cache: DecoderCache
+    cache: DecoderCache  # an engine's GraphCache: the self-attention keys and values alone
 
 
 @torch.no_grad()
@@ -93,22 +101,24 @@ def join(run: Running | None, new: Running, pad_id: int) -> Running:
         pad = [0, 0] * (x.dim() - 1 - dim) + [0, s - x.shape[dim]]
         return F.pad(x, pad, value=value)
 
-    layers = []
-    for old, lc in zip(run.cache.layers, new.cache.layers):
-        self_k, self_v = ((x if run.cache.order is None else x.index_select(0, run.cache.order))
-                          for x in (old.self_k, old.self_v))
-        empty = self_k.new_zeros(rows, *self_k.shape[1:])
-        layers.append(LayerCache(torch.cat((self_k, empty)), torch.cat((self_v, empty)),
-                                 torch.cat((wide(old.cross_k, 2), wide(lc.cross_k, 2))),
-                                 torch.cat((wide(old.cross_v, 2), wide(lc.cross_v, 2)))))
+    if isinstance(run.cache, DecoderCache):
+        layers = []
+        for old, lc in zip(run.cache.layers, new.cache.layers):
+            self_k, self_v = ((x if run.cache.order is None else x.index_select(0, run.cache.order))
+                              for x in (old.self_k, old.self_v))
+            empty = self_k.new_zeros(rows, *self_k.shape[1:])
+            layers.append(LayerCache(torch.cat((self_k, empty)), torch.cat((self_v, empty)),
+                                     torch.cat((wide(old.cross_k, 2), wide(lc.cross_k, 2))),
+                                     torch.cat((wide(old.cross_v, 2), wide(lc.cross_v, 2)))))
+        cache, memory = DecoderCache(tuple(layers)), torch.cat((wide(run.memory, 1), wide(new.memory, 1)))
+    else:  # an engine's state (relmt/export/graphs.py): the cross keys and values are its memory
+        cache, memory = run.cache.joined(rows), run.memory.joined(new.memory)
     tokens = torch.cat((new.tokens.new_full((rows, slot), pad_id), new.tokens), dim=1)
     pool = new.pool_tokens.new_full((new.alive.shape[0], k, run.pool_tokens.shape[2]), pad_id)
     return Running(run.keys + new.keys, torch.cat((run.tokens, tokens)), torch.cat((run.starts, new.starts + slot)),
                    torch.cat((run.alive, new.alive)), torch.cat((run.pool_scores, new.pool_scores)),
-                   torch.cat((run.pool_tokens, pool)), torch.cat((run.limit, new.limit)),
-                   torch.cat((wide(run.memory, 1), wide(new.memory, 1))),
-                   torch.cat((wide(run.src_mask, 1, False), wide(new.src_mask, 1, False))),
-                   DecoderCache(tuple(layers)))
+                   torch.cat((run.pool_tokens, pool)), torch.cat((run.limit, new.limit)), memory,
+                   torch.cat((wide(run.src_mask, 1, False), wide(new.src_mask, 1, False))), cache)
 
 
 @torch.no_grad()
@@ -173,9 +183,11 @@ def trim(run: Running, pad_id: int) -> Running:
     cut = int(run.starts.min())
     if cut == 0:
         return run
-    layers = tuple(LayerCache(lc.self_k[:, :, cut:], lc.self_v[:, :, cut:], lc.cross_k, lc.cross_v)
-                   for lc in run.cache.layers)
+    if isinstance(run.cache, DecoderCache):
+        cache = DecoderCache(tuple(LayerCache(lc.self_k[:, :, cut:], lc.self_v[:, :, cut:], lc.cross_k, lc.cross_v)
+                                   for lc in run.cache.layers), run.cache.order)
+    else:  # an engine's GraphCache
+        cache = run.cache.trimmed(cut)
     # pool column c holds slot c + 1: the cut columns hold slot 1..cut, padding or a BOS
     return Running(run.keys, run.tokens[:, cut:], run.starts - cut, run.alive, run.pool_scores,
-                   run.pool_tokens[:, :, cut:], run.limit, run.memory, run.src_mask,
-                   DecoderCache(layers, run.cache.order))
+                   run.pool_tokens[:, :, cut:], run.limit, run.memory, run.src_mask, cache)

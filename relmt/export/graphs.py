@@ -5,8 +5,9 @@ An engine (relmt/export/onnx.py, relmt/export/aoti.py) compiles two modules trac
   values, stacked (L, B, H, S, D): what `Transformer.encode` and `init_cache` compute once per batch;
 - `StepGraph`: one `Transformer.decode_step` on the explicit state: tokens (B, K), the keep-mask, the cross keys
   and values, the self-attention keys and values of the t positions so far (L, N', H, t, D) and `order` (B, K),
-  the stored row each hypothesis continues; it returns the logits (N, V) and the keys and values of the
-  t + 1 positions (L, N, H, t + 1, D);
+  the stored row each hypothesis continues, and `starts` (B, K), the cache slot where each hypothesis's sentence
+  began (all 0 but in continuous batching, relmt/decode/continuous.py); it returns the logits (N, V) and the keys
+  and values of the t + 1 positions (L, N, H, t + 1, D);
 - `SearchGraph` (aoti only): `StepGraph` and the beam search's own step (relmt.decode.beam.beam_step) in one
   graph, so that a beam search step leaves Python once (issue 44 §7).
 Every position mode goes through the same graphs: Shaw's per-head and shared tables (which CTranslate2
@@ -29,16 +30,17 @@ from relmt.config import LengthNorm
 from relmt.data.tokenizer import BOS_ID, EOS_ID
 from relmt.decode.beam import Beams, Rules, beam_step
 from relmt.model.cache import DecoderCache, LayerCache
+from relmt.model.positions import Rotary
 from relmt.model.transformer import Transformer
 
-STEP_INPUTS = ("tokens", "keep", "cross_k", "cross_v", "self_k", "self_v", "order")
+STEP_INPUTS = ("tokens", "keep", "cross_k", "cross_v", "self_k", "self_v", "order", "starts")
 SEARCH_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "order", "alive", "pool_scores",
                  "pool_tokens", "limit", "min_len", "lenpen", "power", "t2t", "early_stop")
 
 # Part of the key of every onnx and aoti artefact (relmt/export/engines.py: `dependencies`). Bump it whenever a
 # change to this file (or to the model code the graphs trace) changes what is exported: the graphs' inputs,
 # outputs or what they compute. Artefacts made by the older code then get rebuilt instead of reused.
-GRAPHS_VERSION = 2  # 2: the search step (SearchGraph)
+GRAPHS_VERSION = 3  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3)
 
 
 class EncoderGraph(nn.Module):
@@ -58,12 +60,14 @@ class StepGraph(nn.Module):
         self.model = model
 
     def forward(self, tokens: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
-                self_v: Tensor, order: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        # tokens and order come as (B, K), K hypotheses per sentence: N = B * K stays symbolic in the graph
+                self_v: Tensor, order: Tensor, starts: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        # tokens, order and starts come as (B, K), K hypotheses per sentence: N = B * K stays symbolic in the graph.
+        # step.pt2 takes starts (continuous batching joins sentences at later slots); SearchGraph's step has none.
         tokens, order = tokens.reshape(-1), order.reshape(-1)
         layers = tuple(LayerCache(self_k[i], self_v[i], cross_k[i], cross_v[i]) for i in range(self_k.shape[0]))
         memory = keep[:, :, None]  # decode_step reads only its batch size
-        logits, cache = self.model.decode_step(tokens, memory, keep, DecoderCache(layers, order), step=self_k.shape[3])
+        logits, cache = self.model.decode_step(tokens, memory, keep, DecoderCache(layers, order), step=self_k.shape[3],
+                                               starts=None if starts is None else starts.reshape(-1))
         return (logits, torch.stack([lc.self_k for lc in cache.layers]),
                 torch.stack([lc.self_v for lc in cache.layers]))
 
@@ -95,10 +99,13 @@ class SearchGraph(nn.Module):
 
 
 def shape_of(model: Transformer) -> dict:
-    """What an engine needs to know beside its graphs: pad id, decoder layers, heads, head size, vocabulary."""
+    """What an engine needs to know beside its graphs: pad id, decoder layers, heads, head size, vocabulary, that
+    the step graph takes `starts` (an export made before it did has no such key) and whether the decoder rotates
+    keys by their slot (RoPE, which continuous batching cannot shift: relmt/decode/continuous.py)."""
     first = model.decoder_layers[0].self_attn
     return {"pad_id": model.pad_id, "layers": len(model.decoder_layers), "heads": first.n_heads,
-            "d_head": first.d_head, "vocab": model.tgt_embed.num_embeddings}
+            "d_head": first.d_head, "vocab": model.tgt_embed.num_embeddings, "starts": True,
+            "rope": isinstance(model.decoder_positions, Rotary)}
 
 
 def examples(model: Transformer) -> tuple[tuple, tuple, dict, dict]:
@@ -106,24 +113,26 @@ def examples(model: Transformer) -> tuple[tuple, tuple, dict, dict]:
     dimensions of each graph."""
     shape = shape_of(model)
     layers, heads, d_head = shape["layers"], shape["heads"], shape["d_head"]
+    # starts (1 and 0): a sentence that joined at slot 1, so that the graph masks slots by a traced comparison
     b, k, m, s, t = 2, 3, 4, 5, 3
     src = torch.full((b, s), model.pad_id + 4, dtype=torch.long)
     step = (torch.full((b, k), model.pad_id + 4, dtype=torch.long), torch.ones(b, s, dtype=torch.bool),
             *(torch.randn(layers, b, heads, s, d_head) for _ in range(2)),
-            *(torch.randn(layers, m, heads, t, d_head) for _ in range(2)), (torch.arange(b * k) % m).view(b, k))
+            *(torch.randn(layers, m, heads, t, d_head) for _ in range(2)), (torch.arange(b * k) % m).view(b, k),
+            torch.tensor([1, 0]).repeat_interleave(k).view(b, k))
     big = 1 << 20
     B, K, S, M = (torch.export.Dim(name, min=1, max=big) for name in ("B", "K", "S", "M"))
     T = torch.export.Dim("T", min=0, max=big)
     encoder_dims = {"src": {0: B, 1: S}}
     step_dims = {"tokens": {0: B, 1: K}, "keep": {0: B, 1: S}, "cross_k": {1: B, 3: S}, "cross_v": {1: B, 3: S},
-                 "self_k": {1: M, 3: T}, "self_v": {1: M, 3: T}, "order": {0: B, 1: K}}
+                 "self_k": {1: M, 3: T}, "self_v": {1: M, 3: T}, "order": {0: B, 1: K}, "starts": {0: B, 1: K}}
     return (src,), step, encoder_dims, step_dims
 
 
 def search_examples(model: Transformer) -> tuple[tuple, dict]:
     """Inputs to trace SearchGraph with, and its dynamic dimensions."""
     _, step, _, step_dims = examples(model)
-    tokens, keep, cross_k, cross_v, self_k, self_v, order = step
+    tokens, keep, cross_k, cross_v, self_k, self_v, order, _ = step
     b, k = tokens.shape
     t = self_k.shape[3]
     history = torch.full((b, k, t + 1), model.pad_id + 4, dtype=torch.long)
@@ -153,6 +162,16 @@ class GraphMemory:
         rows = keep.nonzero().view(-1) if keep.dtype == torch.bool else keep
         return GraphMemory(self.cross_k.index_select(1, rows), self.cross_v.index_select(1, rows))
 
+    def joined(self, new: GraphMemory) -> GraphMemory:
+        """These sentences and then `new`'s, padded to the longer source (continuous batching)."""
+        s = max(self.cross_k.shape[3], new.cross_k.shape[3])
+
+        def wide(x: Tensor) -> Tensor:
+            return torch.nn.functional.pad(x, (0, 0, 0, s - x.shape[3]))
+
+        return GraphMemory(torch.cat((wide(self.cross_k), wide(new.cross_k)), dim=1),
+                           torch.cat((wide(self.cross_v), wide(new.cross_v)), dim=1))
+
 
 @dataclass(frozen=True)
 class GraphCache:
@@ -172,6 +191,17 @@ class GraphCache:
         order = rows if self.order is None else self.order.index_select(0, rows)
         return GraphCache(self.self_k, self.self_v, order)
 
+    def joined(self, rows: int) -> GraphCache:
+        """The hypotheses in order and then `rows` new ones whose slots so far are empty (continuous batching:
+        relmt/decode/continuous.py's `join`, which masks them by the new sentences' starts)."""
+        k, v = ((x if self.order is None else x.index_select(1, self.order)) for x in (self.self_k, self.self_v))
+        empty = k.new_zeros(k.shape[0], rows, *k.shape[2:])
+        return GraphCache(torch.cat((k, empty), dim=1), torch.cat((v, empty), dim=1))
+
+    def trimmed(self, cut: int) -> GraphCache:
+        """Without the first `cut` slots (continuous batching, when no sentence uses them)."""
+        return GraphCache(self.self_k[:, :, :, cut:], self.self_v[:, :, :, cut:], self.order)
+
 
 class GraphModel:
     """The interface the searches use of a Transformer, over an engine's two graphs: a subclass gives
@@ -183,6 +213,10 @@ class GraphModel:
     def __init__(self, shape: dict) -> None:
         self.pad_id, self.layers, self.heads, self.d_head, self.vocab = (
             shape[k] for k in ("pad_id", "layers", "heads", "d_head", "vocab"))
+        self.starts = bool(shape.get("starts"))  # the step graph takes `starts` (exports since GRAPHS_VERSION 3)
+        # continuous batching (relmt/decode/continuous.py: `supports`) joins sentences at later slots: the step
+        # graph must take their starts, and the keys must not be rotated by their slot
+        self.continuous = self.starts and not shape.get("rope", True)
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
@@ -231,15 +265,26 @@ class GraphModel:
         keep, cross_k, cross_v = self.run_encoder(src.cpu())
         return GraphMemory(cross_k, cross_v), keep
 
+    def init_cache(self, memory: GraphMemory, hypotheses: int) -> GraphCache:
+        """An empty cache for `hypotheses` rows (the cross keys and values live in the memory)."""
+        empty = torch.zeros(self.layers, hypotheses, self.heads, 0, self.d_head)
+        return GraphCache(empty, empty)
+
     def decode_step(self, tokens: Tensor, memory: GraphMemory, src_mask: Tensor, cache: GraphCache | None = None,
-                    step: int = 0, out_weight: Tensor | None = None) -> tuple[Tensor, GraphCache]:
+                    step: int = 0, out_weight: Tensor | None = None, starts: Tensor | None = None,
+                    ) -> tuple[Tensor, GraphCache]:
+        """Transformer.decode_step on the graphs; `starts` (N,) as there (continuous batching), None: all 0."""
         n, b = tokens.shape[0], src_mask.shape[0]
         if cache is None:
-            empty = torch.zeros(self.layers, n, self.heads, 0, self.d_head)
-            cache = GraphCache(empty, empty)
+            cache = self.init_cache(memory, n)
         if cache.length != step:
             raise ValueError(f"decode_step(step={step}) got a cache holding {cache.length} positions")
         order = cache.order if cache.order is not None else torch.arange(n)
-        logits, self_k, self_v = self.run_step(tokens.reshape(b, -1), src_mask, memory.cross_k, memory.cross_v,
-                                               cache.self_k, cache.self_v, order.reshape(b, -1))
+        inputs = [tokens.reshape(b, -1), src_mask, memory.cross_k, memory.cross_v, cache.self_k, cache.self_v,
+                  order.reshape(b, -1)]
+        if self.starts:
+            inputs.append((starts if starts is not None else torch.zeros_like(order)).reshape(b, -1))
+        elif starts is not None:
+            raise ValueError("decode_step(starts=...): this export's step graph takes no starts; export it again")
+        logits, self_k, self_v = self.run_step(*inputs)
         return logits, GraphCache(self_k, self_v)
