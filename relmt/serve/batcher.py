@@ -186,7 +186,8 @@ class Batcher:
             self.decode(batch)
 
     def streams(self) -> bool:
-        """Whether requests join a running search (continuous batching): relmt's own search of one Transformer. A
+        """Whether requests join a running search (continuous batching): relmt's own search of one Transformer or of
+        an onnx or aoti engine's graphs (relmt.decode.continuous.supports). A
         ctranslate2 server keeps its torch model beside the converted one (for alignments and token scores), but
         decodes with CTranslate2's search, batch after batch."""
         return (self.continuous and getattr(self.translator, "ct2", None) is None
