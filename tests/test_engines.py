@@ -9,6 +9,7 @@ leaves out (make test-exhaustive runs it)."""
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from relmt.config import DecodeConfig, EosCandidates, Norm, PosKind
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode import continuous
 from relmt.decode.translator import Translator
-from relmt.export.aoti import AotiModel, export_aoti
+from relmt.export.aoti import AotiModel, compile_threads, export_aoti
 from relmt.export.onnx import OnnxModel, export_onnx
 from tests.tiny_checkpoints import SENTENCES, TOY, model_config, random_model, toy_tokenizer, train_tiny
 
@@ -71,6 +72,12 @@ def test_the_engine_decodes_as_eager_relmt(engine, case, tokenizer, tmp_path):
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
+def package_code(path: Path) -> str:
+    """The C++ source inside an AOTInductor package."""
+    with zipfile.ZipFile(path) as package:
+        return "".join(package.read(n).decode(errors="ignore") for n in package.namelist() if n.endswith(".cpp"))
+
+
 # --- a trained model with per-head tables, which CTranslate2 cannot hold ----------------------------------
 
 @pytest.fixture(scope="module")
@@ -94,6 +101,9 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
             assert [h.tokens for h in a] == [h.tokens for h in b], (sentence, options)
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
     assert max(len(h[0].tokens) for h in mine) < 20  # every output ended with EOS
+    if engine == "aoti" and compile_threads() > 1:  # compiled in a one-thread worker, split for the cores all the same
+        [folder] = (trained.parent / f"{trained.name}.engines").glob("aoti-*")
+        assert "#pragma omp parallel" in package_code(folder / "search.pt2")
     # continuous batching (relmt-serve's, issue 62 §3): sentences that join the engine's running search at steps
     # 0, 1 and 4 get what eager relmt gives each decoded alone
     cfg = replace(eager.decode, beam=4, nbest=4)
@@ -121,17 +131,13 @@ def test_int8_on_engine_aoti_runs_int8_products_and_keeps_the_translations(train
     """engine=aoti quantization=int8 (relmt/export/quantize.py; issue 62): the compiled graphs multiply with int8
     GEMMs, and a trained model translates the toy sentences nearly as in float32 (a floor on BLEU against the
     float32 outputs, the int8 weights' rounding being all that differs)."""
-    import zipfile
-
     import sacrebleu
 
     eager = Translator.from_checkpoint(trained, device="cpu")
     int8 = Translator.from_checkpoint(trained, engine="aoti", quantization="int8")
     [folder] = (trained.parent / f"{trained.name}.engines").glob("aoti_int8-*")
     assert not (folder / "search_small.pt2").exists()
-    with zipfile.ZipFile(folder / "step.pt2") as package:
-        code = "".join(package.read(n).decode(errors="ignore") for n in package.namelist() if n.endswith(".cpp"))
-    assert "_int_mm" in code  # int8 products, not float32 ones
+    assert "_int_mm" in package_code(folder / "step.pt2")  # int8 products, not float32 ones
     sentences = TOY * 2 + SENTENCES
     ours, theirs = eager.translate(sentences, beam=4), int8.translate(sentences, beam=4)
     assert sacrebleu.corpus_bleu(theirs, [ours]).score >= 70, list(zip(ours, theirs))

@@ -26,7 +26,8 @@ from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph
 from relmt.model.transformer import Transformer
 
 FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_small.pt2, where the export has them
-AOTI_VERSION = 2  # 2: search_small.pt2 (a change makes a new artefact: relmt/export/engines.py's dependencies)
+AOTI_VERSION = 3  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`)
+# (a change makes a new artefact: relmt/export/engines.py's dependencies)
 # At a few rows (sentences x beams) a step's GEMMs are the library calls of oneDNN's prepacked products, and
 # inductor's own C++ GEMM template, autotuned at the examples' 6 rows (graphs.examples), runs them faster; at more
 # rows it is slower. search_small.pt2 is the search graph compiled so, run up to SMALL_ROWS rows: one sentence at
@@ -44,6 +45,15 @@ def check_compiler() -> str:
     except Exception as e:  # inductor raises its own error types, which differ between versions
         raise UserError(f"engine=aoti compiles the model with a C++ compiler, and none was found ({e}): install "
                         "g++ or clang++, or set CXX, or use engine=onnx") from None
+
+
+def compile_threads() -> int:
+    """The threads the compiled kernels are split for: the cores this process may run on. Inductor otherwise takes
+    the compiling process's torch threads, and a package compiled in a one-thread process (relmt-translate with
+    one thread, a test worker) has no parallel loop at all, so that a second thread later speeds up its GEMMs
+    alone (docs/results/engines/one_sentence_amd_epyc.md). A loop is split only where each thread gets enough work
+    (inductor's cpp.min_chunk_size), so a process given fewer threads runs the same code."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @torch.no_grad()
@@ -74,10 +84,10 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
             tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
             # freezing: the weights become constants, prepacked for oneDNN's GEMMs (1.5x faster decoder steps
             # at 32 sentences per batch on a CPU; docs/results/engines/engines_cpu.md)
-            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp),
-                                                     inductor_configs={"freezing": True, **configs})
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs={
+                "freezing": True, "cpp.threads": compile_threads(), **configs})
             os.replace(tmp, directory / f"{name}.pt2")
-    meta = shape_of(model) | {"torch": torch.__version__, "quantization": quantization}
+    meta = shape_of(model) | {"torch": torch.__version__, "quantization": quantization, "threads": compile_threads()}
     (directory / "aoti.json").write_text(json.dumps(meta, indent=2) + "\n")
     return directory
 

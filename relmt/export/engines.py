@@ -116,7 +116,7 @@ def dependencies(engine: Engine, quantization: str = "float32") -> dict[str, str
     if engine == Engine.aoti:
         from relmt.export import aoti
 
-        deps["relmt aoti"] = str(aoti.AOTI_VERSION)
+        deps |= {"relmt aoti": str(aoti.AOTI_VERSION), "aoti threads": str(aoti.compile_threads())}
     if engine == Engine.onnx:
         from relmt.export import onnx
 

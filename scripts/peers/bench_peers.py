@@ -357,7 +357,8 @@ def relmt_decode(opts: argparse.Namespace) -> None:
     torch.set_num_threads(opts.threads)
     tune_cpu()  # relmt-translate's CPU settings (the Translator API leaves them to its caller)
     # engine=onnx and aoti export on first use, beside the checkpoint: before the warm-up, and not timed
-    translator = Translator.from_checkpoint(opts.checkpoint, device="cpu", compile=opts.compile, engine=opts.engine)
+    translator = Translator.from_checkpoint(opts.checkpoint, device="cpu", compile=opts.compile, engine=opts.engine,
+                                            quantization=opts.quantization)
     lines = opts.src.read_text(encoding="utf-8").splitlines()[: opts.n or None]
     # every hypothesis has exactly --length tokens: EOS is suppressed before it, and the step limit
     # max_len_a * |x| + max_len_b ends the search there
@@ -522,6 +523,7 @@ def main() -> None:
         d.add_argument(name, type=int, default=default)
     d.add_argument("--compile", action="store_true")
     d.add_argument("--engine", default="torch", choices=["torch", "onnx", "aoti"])
+    d.add_argument("--quantization", default="float32", choices=["float32", "int8"], help="engine=aoti's weights")
     parser.add_argument("--scratch", type=Path, default=Path(os.environ.get("SCRATCH", "/tmp/relmt-peers")))
     parser.add_argument("--generator", type=Path, default=ROOT.parent / "shared/bench/make_peer_corpus.py",
                         help="the peer corpus generator (default: ../shared/bench, this project's machines)")
