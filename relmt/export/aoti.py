@@ -26,7 +26,7 @@ from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph
 from relmt.model.transformer import Transformer
 
 FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_small.pt2, where the export has them
-AOTI_VERSION = 3  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`)
+AOTI_VERSION = 4  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK
 # (a change makes a new artefact: relmt/export/engines.py's dependencies)
 # At a few rows (sentences x beams) a step's GEMMs are the library calls of oneDNN's prepacked products, and
 # inductor's own C++ GEMM template, autotuned at the examples' 6 rows (graphs.examples), runs them faster; at more
@@ -45,6 +45,14 @@ def check_compiler() -> str:
     except Exception as e:  # inductor raises its own error types, which differ between versions
         raise UserError(f"engine=aoti compiles the model with a C++ compiler, and none was found ({e}): install "
                         "g++ or clang++, or set CXX, or use engine=onnx") from None
+
+
+# Inductor splits a loop over the threads only where each gets at least this many elements (its cpp.min_chunk_size,
+# 512 by default). At one sentence a step's elementwise kernels are a few thousand elements, and splitting them cost
+# more in OpenMP's fork and join than it saved: at 4,096 one sentence at a time decodes 1.1x faster at 2 threads and
+# 1.3x at 1 (docs/results/engines/one_sentence_variants_amd_epyc.md); at 32 sentences per batch a kernel is still
+# split. Larger (16,384) was slower at 2 threads (one_sentence_chunk16384_amd_epyc.json).
+MIN_CHUNK = 4096
 
 
 def compile_threads() -> int:
@@ -85,7 +93,7 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
             # freezing: the weights become constants, prepacked for oneDNN's GEMMs (1.5x faster decoder steps
             # at 32 sentences per batch on a CPU; docs/results/engines/engines_cpu.md)
             torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs={
-                "freezing": True, "cpp.threads": compile_threads(), **configs})
+                "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **configs})
             os.replace(tmp, directory / f"{name}.pt2")
     meta = shape_of(model) | {"torch": torch.__version__, "quantization": quantization, "threads": compile_threads()}
     (directory / "aoti.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -28,8 +28,9 @@ VARIANTS = {
     "serial": {"cpp.threads": 1},  # every elementwise kernel and reduction on one thread; GEMMs still use both
     "threads2": {"cpp.threads": 2},  # compiled for 2 threads whatever the compiling process has
     # a loop is split over the threads only when each thread gets at least min_chunk_size elements (inductor's
-    # default 512): larger, the step's small elementwise kernels run on one thread, the GEMMs and the output rows on
-    # both
+    # default 512; relmt/export/aoti.py's MIN_CHUNK since the variants' first run): larger, the step's small
+    # elementwise kernels run on one thread, the GEMMs and the output rows on both
+    "chunk512": {"cpp.min_chunk_size": 512},
     "chunk4096": {"cpp.min_chunk_size": 4096},
     "chunk16384": {"cpp.min_chunk_size": 16384},
 }
