@@ -33,7 +33,9 @@ from torch import Tensor
 
 from relmt.config import DecodeConfig, EosCandidates
 from relmt.decode.beam import (
+    Beams,
     Hypothesis,
+    Rules,
     can_stop,
     finished_hypotheses,
     length_penalty,
@@ -134,27 +136,36 @@ def advance(model: Transformer, run: Running, cfg: DecodeConfig, bos_id: int, eo
     t = slot - run.starts  # (n,) steps each sentence has taken
     # while every sentence began at slot 0 (one decoded alone, say), the step needs no mask of empty slots
     rows_start = run.starts.repeat_interleave(k) if bool(run.starts.any()) else None
-    logits, cache = model.decode_step(run.tokens[:, -1], run.memory, run.src_mask, run.cache, step=slot,
-                                      out_weight=out_weight, starts=rows_start)
     n, device = run.alive.shape[0], run.tokens.device
     banned = torch.tensor([pad_id, bos_id], device=device)
-    row_ban = ((t < cfg.min_len).repeat_interleave(k), eos_id) if cfg.min_len else None
-    cand, origin, token = step_candidates(logits.float(), run.alive, banned, 2 * k, row_ban)  # (n, 2K)
+    rules = Rules(eos_id, banned, cfg.min_len, cfg.lenpen, cfg.length_norm, t2t, early_stop)
+    if rows_start is None and out_weight is None and getattr(model, "searches", None) is not None and \
+            model.searches(rules):
+        # every sentence began at slot 0, so each one's step count is the slot: the step is beam_search's, and an
+        # engine with a search graph (relmt/export/graphs.py) runs it and the decoder step in one call, as offline
+        beams, done, cache = model.search_step(Beams(run.tokens, run.alive, run.pool_scores, run.pool_tokens,
+                                                     run.limit), run.memory, run.src_mask, run.cache, rules)
+        tokens, alive, pool_scores, pool_tokens = beams.tokens, beams.alive, beams.pool_scores, beams.pool_tokens
+    else:
+        logits, cache = model.decode_step(run.tokens[:, -1], run.memory, run.src_mask, run.cache, step=slot,
+                                          out_weight=out_weight, starts=rows_start)
+        row_ban = ((t < cfg.min_len).repeat_interleave(k), eos_id) if cfg.min_len else None
+        cand, origin, token = step_candidates(logits.float(), run.alive, banned, 2 * k, row_ban)  # (n, 2K)
 
-    last = (t + 1 >= run.limit)[:, None]
-    keep, finishing = live_and_finishing(cand, token, last, eos_id, t2t)
-    rows = torch.arange(n, device=device)[:, None] * k + origin
-    seqs = torch.cat((run.tokens[rows.view(-1), 1:].view(n, 2 * k, slot), token[:, :, None]), dim=2)
-    lp = length_penalty((t + 1).double(), cfg.lenpen, cfg.length_norm).to(cand.dtype)[:, None]
-    pool_tokens = torch.cat((run.pool_tokens, run.pool_tokens.new_full((n, k, 1), pad_id)), dim=2)
-    pool_scores, pool_tokens = merge_finished(run.pool_scores, pool_tokens,
-                                              (cand / lp).masked_fill(~finishing, float("-inf")), seqs)
-    alive = cand.gather(1, keep)
-    rows = rows.gather(1, keep).view(-1)
-    tokens = torch.cat((run.tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
-    cache = cache.select(rows)
-    done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
-                         can_stop(pool_scores, alive, run.limit, cfg.lenpen, cfg.length_norm))
+        last = (t + 1 >= run.limit)[:, None]
+        keep, finishing = live_and_finishing(cand, token, last, eos_id, t2t)
+        rows = torch.arange(n, device=device)[:, None] * k + origin
+        seqs = torch.cat((run.tokens[rows.view(-1), 1:].view(n, 2 * k, slot), token[:, :, None]), dim=2)
+        lp = length_penalty((t + 1).double(), cfg.lenpen, cfg.length_norm).to(cand.dtype)[:, None]
+        pool_tokens = torch.cat((run.pool_tokens, run.pool_tokens.new_full((n, k, 1), pad_id)), dim=2)
+        pool_scores, pool_tokens = merge_finished(run.pool_scores, pool_tokens,
+                                                  (cand / lp).masked_fill(~finishing, float("-inf")), seqs)
+        alive = cand.gather(1, keep)
+        rows = rows.gather(1, keep).view(-1)
+        tokens = torch.cat((run.tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
+        cache = cache.select(rows)
+        done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
+                             can_stop(pool_scores, alive, run.limit, cfg.lenpen, cfg.length_norm))
     finished = []
     if done.any():  # a late joiner's tokens hold its BOS after the empty slots
         hyps = finished_hypotheses(pool_scores[done], pool_tokens[done], (eos_id, pad_id, bos_id))
