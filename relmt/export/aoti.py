@@ -48,10 +48,11 @@ def check_compiler() -> str:
 
 
 # Inductor splits a loop over the threads only where each gets at least this many elements (its cpp.min_chunk_size,
-# 512 by default). At one sentence a step's elementwise kernels are a few thousand elements, and splitting them cost
-# more in OpenMP's fork and join than it saved: at 4,096 one sentence at a time decodes 1.1x faster at 2 threads and
-# 1.3x at 1 (docs/results/engines/one_sentence_variants_amd_epyc.md); at 32 sentences per batch a kernel is still
-# split. Larger (16,384) was slower at 2 threads (one_sentence_chunk16384_amd_epyc.json).
+# 512 by default). At one sentence a step's elementwise kernels are a few thousand elements each, and splitting them
+# costs OpenMP's fork and join: at 4,096 one sentence at a time decodes 1.3-1.4x faster on one thread, and at 2
+# threads within the runs' noise (1.1x in docs/results/engines/one_sentence_variants_amd_epyc.md, 0.96x in
+# one_sentence_amd_epyc.md); at 32 sentences per batch a kernel is still split. 16,384 was slower at 2 threads
+# (one_sentence_chunk16384_amd_epyc.json).
 MIN_CHUNK = 4096
 
 
