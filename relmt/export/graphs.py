@@ -225,7 +225,7 @@ class GraphModel:
         raise NotImplementedError
 
     run_search = None  # an engine with a SearchGraph: run_search(*inputs in SEARCH_INPUTS order) -> its outputs
-    _settings: tuple = (None, ())  # the last search's Rules and their tensors
+    _settings: tuple = (None, ())  # the last search's settings and their tensors
 
     def searches(self, rules: Rules) -> bool:
         """Whether `search_step` serves a beam search with these rules: the engine has a search graph, and the
@@ -243,8 +243,9 @@ class GraphModel:
             empty = torch.zeros(self.layers, b * k, self.heads, 0, self.d_head)
             cache = GraphCache(empty, empty)
         order = cache.order if cache.order is not None else torch.arange(b * k)
-        if self._settings[0] is not rules:  # made once per search, not at every step
-            self._settings = rules, (
+        key = (rules.min_len, float(rules.lenpen), LengthNorm(rules.norm), bool(rules.t2t), bool(rules.early_stop))
+        if self._settings[0] != key:  # made once per setting, not at every step (continuous batching makes new Rules)
+            self._settings = key, (
                 torch.tensor(rules.min_len), torch.tensor(float(rules.lenpen), dtype=torch.float64),
                 torch.tensor(LengthNorm(rules.norm) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
                 torch.tensor(bool(rules.early_stop)))
