@@ -349,3 +349,30 @@ def test_ctranslate2_quantizations_are_checked_before_the_checkpoint_is_read(tmp
     assert guarded("relmt-export", _export, [f"checkpoint={tmp_path / 'none.pt'}", f"output={tmp_path / 'o'}",
                                              "quantization=no-such-type"]) == 2
     assert "quantization=no-such-type: must be one of" in capsys.readouterr().err
+
+
+def test_aoti_compiles_for_the_cores_whatever_the_compiling_process_s_threads(tmp_path, monkeypatch):
+    """Inductor splits loops for the compiling process's torch threads: a package compiled in a one-thread process
+    (relmt-translate with one thread, a test worker) had no parallel loop, so that a second thread later sped up its
+    GEMMs alone (issue 62). export_aoti compiles every graph for the machine's cores, with MIN_CHUNK, in any
+    process; the thread count is in the artefact's key."""
+    from relmt.export import aoti
+
+    seen = []
+
+    def compile_and_package(program, package_path, inductor_configs):
+        seen.append(inductor_configs)
+        Path(package_path).write_bytes(b"")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        aoti.export_aoti(random_model(model_config(), 40, seed=0), tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    cores = len(os.sched_getaffinity(0))
+    assert aoti.compile_threads() == cores and len(seen) == 4
+    assert all(c["cpp.threads"] == cores and c["cpp.min_chunk_size"] == aoti.MIN_CHUNK for c in seen)
+    assert json.loads((tmp_path / "aoti.json").read_text())["threads"] == cores
+    assert engines.dependencies(Engine.aoti)["aoti threads"] == str(cores)

@@ -9,6 +9,7 @@ leaves out (make test-exhaustive runs it)."""
 
 from __future__ import annotations
 
+import json
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -101,9 +102,9 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
             assert [h.tokens for h in a] == [h.tokens for h in b], (sentence, options)
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
     assert max(len(h[0].tokens) for h in mine) < 20  # every output ended with EOS
-    if engine == "aoti" and compile_threads() > 1:  # compiled in a one-thread worker, split for the cores all the same
+    if engine == "aoti":  # compiled in a one-thread worker, for the machine's cores all the same
         [folder] = (trained.parent / f"{trained.name}.engines").glob("aoti-*")
-        assert "#pragma omp parallel" in package_code(folder / "search.pt2")
+        assert json.loads((folder / "aoti.json").read_text())["threads"] == compile_threads()
     # continuous batching (relmt-serve's, issue 62 §3): sentences that join the engine's running search at steps
     # 0, 1 and 4 get what eager relmt gives each decoded alone
     cfg = replace(eager.decode, beam=4, nbest=4)
