@@ -113,13 +113,13 @@ def examples(model: Transformer) -> tuple[tuple, tuple, dict, dict]:
     dimensions of each graph."""
     shape = shape_of(model)
     layers, heads, d_head = shape["layers"], shape["heads"], shape["d_head"]
-    # starts (1 and 0): a sentence that joined at slot 1, so that the graph masks slots by a traced comparison
     b, k, m, s, t = 2, 3, 4, 5, 3
     src = torch.full((b, s), model.pad_id + 4, dtype=torch.long)
     step = (torch.full((b, k), model.pad_id + 4, dtype=torch.long), torch.ones(b, s, dtype=torch.bool),
             *(torch.randn(layers, b, heads, s, d_head) for _ in range(2)),
             *(torch.randn(layers, m, heads, t, d_head) for _ in range(2)), (torch.arange(b * k) % m).view(b, k),
-            torch.tensor([1, 0]).repeat_interleave(k).view(b, k))
+            # starts: the second sentence joined at slot 1, so that the graph masks slots by a traced comparison
+            torch.tensor([0, 1]).repeat_interleave(k).view(b, k))
     big = 1 << 20
     B, K, S, M = (torch.export.Dim(name, min=1, max=big) for name in ("B", "K", "S", "M"))
     T = torch.export.Dim("T", min=0, max=big)
@@ -240,8 +240,7 @@ class GraphModel:
         row each new live beam continues)."""
         b, k = beams.alive.shape
         if cache is None:
-            empty = torch.zeros(self.layers, b * k, self.heads, 0, self.d_head)
-            cache = GraphCache(empty, empty)
+            cache = self.init_cache(memory, b * k)
         order = cache.order if cache.order is not None else torch.arange(b * k)
         key = (rules.min_len, float(rules.lenpen), LengthNorm(rules.norm), bool(rules.t2t), bool(rules.early_stop))
         if self._settings[0] != key:  # made once per setting, not at every step (continuous batching makes new Rules)
