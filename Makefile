@@ -8,7 +8,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 .PHONY: train test test-fast test-exhaustive test-gpu test-all lint docs docs-serve
 
 # torch is pinned and installed first: a CPU wheel of 2.13.0 lies on these machines, while a bare
-# `torch` requirement would pull a multi-GB CUDA build. pyproject.toml keeps torch>=2.3. Elsewhere,
+# `torch` requirement would pull a multi-GB CUDA build. pyproject.toml asks for torch>=2.11 (the oldest tested: the GPU machine's). Elsewhere,
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU wheel from PyTorch's own index (PyPI's
 # Linux wheel is the CUDA build); docs/getting-started.md, Install.
 TORCH_INDEX ?=

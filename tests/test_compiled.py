@@ -69,3 +69,23 @@ def test_relmt_translate_compile_true_compiles(ckpts, tmp_path, capsys, monkeypa
     assert guarded("relmt-translate", _translate, [f"checkpoint={ckpts[0]}", f"input={src}", "compile=true"]) == 0
     assert len(compiled) == 1
     assert len(capsys.readouterr().out.splitlines()) == 2 * len(SENTENCES)
+
+
+def test_compile_without_torch_212s_per_function_limits(monkeypatch):
+    """torch 2.11 (the GPU machine's) has no recompile_limit / isolate_recompiles keywords: compile_decoding then
+    raises dynamo's shared limit to room for every model's graphs instead of passing them."""
+    from relmt.decode import compiled as compiled_module
+    from relmt.decode.ensemble import Ensemble
+    from relmt.model.transformer import build_model
+
+    calls = []
+
+    def old_compile(fn, *, dynamic=None, options=None):  # torch 2.11's keywords, as far as relmt uses them
+        calls.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", old_compile)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    models = [build_model(model_config(), 40, 0) for _ in range(2)]
+    compiled_module.compile_decoding(Ensemble(models))
+    assert len(calls) == 2 and torch._dynamo.config.recompile_limit == 2 * compiled_module.GRAPHS_PER_MODEL

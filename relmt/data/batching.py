@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,18 +41,21 @@ class Batch:
     tgt_out: Tensor
     ids: Tensor
 
-    @property
+    @cached_property
     def n_src_tokens(self) -> int:
         return int((self.src != PAD_ID).sum())
 
-    @property
+    @cached_property
     def n_tgt_tokens(self) -> int:
         return int((self.tgt_out != PAD_ID).sum())
 
     def to(self, device: torch.device) -> Batch:
+        """The batch on `device`, its token counts taken on the host first (read from a GPU, each would stall it)."""
         nb = device.type == "cuda"
         tensors = (self.src, self.tgt_in, self.tgt_out, self.ids)
-        return Batch(*(t.to(device, non_blocking=nb) for t in tensors))
+        moved = Batch(*(t.to(device, non_blocking=nb) for t in tensors))
+        moved.__dict__.update(n_src_tokens=self.n_src_tokens, n_tgt_tokens=self.n_tgt_tokens)
+        return moved
 
 
 def round_up(n: int, multiple: int) -> int:

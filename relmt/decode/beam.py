@@ -218,7 +218,10 @@ def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[
     m, k = beams.alive.shape
     t = beams.tokens.shape[1] - 1
     f = beams.forced
-    eos_early = torch.as_tensor(t < rules.min_len).expand(m * k)  # EOS banned in every row before min_len
+    early = t < rules.min_len  # a bool; a 0-d tensor on the device in a compiled step, whose min_len is an input
+    # EOS banned in every row before min_len: filled on the logits' device (a CPU mask fails on CUDA)
+    eos_early = early.expand(m * k) if isinstance(early, Tensor) else torch.full(
+        (m * k,), early, dtype=torch.bool, device=logits.device)
     logits, alive, lse = logits.float(), beams.alive, None
     if f is not None:
         logits = logits.contiguous()

@@ -16,6 +16,8 @@ compiles: its weights change between validations.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from relmt.decode.ensemble import Ensemble
@@ -30,6 +32,11 @@ GRAPHS_PER_MODEL = 16
 
 def compile_decoding(model: Transformer | Ensemble) -> None:
     """Replace `decode_step` of the model (of each model of an ensemble) by its compiled form."""
-    for m in model.models if isinstance(model, Ensemble) else [model]:
-        m.decode_step = torch.compile(m.decode_step, dynamic=True, options={"freezing": True},
-                                      recompile_limit=GRAPHS_PER_MODEL, isolate_recompiles=True)
+    models = model.models if isinstance(model, Ensemble) else [model]
+    own_count = "isolate_recompiles" in inspect.signature(torch.compile).parameters  # torch 2.12 and later
+    if not own_count:  # torch 2.11: one count for every compile of decode_step, with room for each model's graphs
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_MODEL * len(models))
+    for m in models:
+        limits = dict(recompile_limit=GRAPHS_PER_MODEL, isolate_recompiles=True) if own_count else {}
+        m.decode_step = torch.compile(m.decode_step, dynamic=True, options={"freezing": True}, **limits)

@@ -60,6 +60,15 @@ def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_sum_tensor(sums: torch.Tensor, d: Dist, same: torch.Tensor) -> list[float]:
+    """A rank's sums (a device tensor) summed over ranks, then a value every rank holds alike (`same`, 0-d) after
+    them, as floats: one read of the device (and one all_reduce with several ranks)."""
+    if d.world_size > 1:
+        sums = sums.double()
+        dist.all_reduce(sums)
+    return torch.cat((sums.double(), same.detach().double().reshape(1))).tolist()
+
+
 def any_rank(flag: bool, d: Dist) -> bool:
     """True on every rank if it is True on any (so that all ranks stop at the same step)."""
     if d.world_size == 1:

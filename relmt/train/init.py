@@ -101,7 +101,8 @@ def onto_vocabulary(weights: dict, model: torch.nn.Module, theirs: dict, ours: d
     out = dict(weights)
     for key in ("src_embed.weight", "tgt_embed.weight"):
         if key in weights:
-            table = fresh[key].clone()
+            # built on the host, where the checkpoint's weights are (the model may be on CUDA already)
+            table = fresh[key].detach().to("cpu", copy=True)
             table[rows] = weights[key][src].to(table.dtype)
             out[key] = table
     return out, {"kept": len(shared), "rows": len(new), "checkpoint_rows": len(old)}

@@ -56,7 +56,9 @@ def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.op
     """
     for g in optimizer.param_groups:
         g["lr"] = lr
-    sums = [0.0, 0.0, 0, 0]
+    # the host reads the device once an update (each read stalls a GPU): the losses summed on the device and the
+    # gradient norm together at the end; the token counts were taken on the host (Batch.to)
+    losses, n_tgt, n_src = [], 0, 0
     for j, batch in enumerate(batches):
         with ddp.no_sync() if ddp is not None and j < len(batches) - 1 else nullcontext():
             with torch.autocast(dist.device.type, dtype=amp or torch.float32, enabled=amp is not None):
@@ -66,21 +68,24 @@ def train_step(model: torch.nn.Module, net: torch.nn.Module, optimizer: torch.op
             else:
                 loss, nll = label_smoothed_nll(out, batch.tgt_out, label_smoothing)
             scaler.scale(loss).backward()
-        sums = [sums[0] + loss.item(), sums[1] + nll.item(), sums[2] + batch.n_tgt_tokens,
-                sums[3] + batch.n_src_tokens]
-    loss_sum, nll_sum, n_tgt, n_src = distributed.all_reduce_sum(sums, dist)
-    grad_norm = math.nan
+        losses.append(torch.stack((loss.detach(), nll.detach())).float())
+        n_tgt, n_src = n_tgt + batch.n_tgt_tokens, n_src + batch.n_src_tokens
+    totals = torch.stack(losses).sum(0)  # (loss, nll) of this rank, on the device
+    n_tgt, n_src = distributed.all_reduce_sum([n_tgt, n_src], dist)
+    # DDP averaged the gradients over ranks; make them d(sum of losses) / (target tokens).
+    params = [p for p in model.parameters() if p.grad is not None]
+    scaler.unscale_(optimizer)
+    torch._foreach_mul_([p.grad for p in params], dist.world_size / n_tgt)
+    norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf)
+    loss_sum, nll_sum, grad_norm = distributed.all_reduce_sum_tensor(totals, dist, norm)  # the update's one read
     if math.isfinite(loss_sum):
-        # DDP averaged the gradients over ranks; make them d(sum of losses) / (target tokens).
-        params = [p for p in model.parameters() if p.grad is not None]
-        scaler.unscale_(optimizer)
-        torch._foreach_mul_([p.grad for p in params], dist.world_size / n_tgt)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf).item()
         # An inf/NaN gradient with a finite loss would make every weight NaN after one Adam step:
         # skip the step, as fairseq does. Every rank holds the same reduced gradients, so all skip.
         if math.isfinite(grad_norm):
             scaler.step(optimizer)
-        scaler.update()  # with fp16, lowers the loss scale after the inf that unscale_ found
+    else:
+        grad_norm = math.nan  # not a gradient worth reporting
+    scaler.update()  # with fp16, lowers the loss scale after the inf that unscale_ found
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, nll_sum, n_tgt, n_src, grad_norm
 

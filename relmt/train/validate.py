@@ -39,15 +39,17 @@ def split_loss(model: Transformer, corpus: Corpus, split: str, max_tokens: int, 
     was_training = model.training
     model.eval()
     data = corpus.ids(split)
-    loss = nll = tokens = 0.0
+    sums, tokens = torch.zeros(2, dtype=torch.float64, device=device), 0  # (loss, nll), read once at the end
     for index in eval_batches(data, max_tokens):
         batch = collate(data, index).to(device)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                             enabled=autocast_dtype is not None):
             logits = model(batch.src, batch.tgt_in)
         batch_loss, batch_nll = label_smoothed_nll(logits, batch.tgt_out, label_smoothing)
-        loss, nll, tokens = loss + batch_loss.item(), nll + batch_nll.item(), tokens + batch.n_tgt_tokens
+        sums += torch.stack((batch_loss.detach(), batch_nll.detach())).double()
+        tokens += batch.n_tgt_tokens
     model.train(was_training)
+    loss, nll = sums.tolist()
     tokens = max(tokens, 1)
     return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 50.0))}
 
