@@ -20,6 +20,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -490,6 +491,47 @@ def test_compiled_flex_keeps_to_a_few_graphs_over_a_runs_batches(mode, monkeypat
     torch._dynamo.reset()
 
 
+def compound_captures(gm) -> list[str]:
+    """The values a graph's FlexAttention calls capture (score_mod's and mask_mod's other buffers) that are
+    symbolic expressions other than a plain size symbol: -s79, 2*s3 + 1."""
+    import sympy
+
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "flex_attention" in str(node.target):
+            for value in (a.meta.get("example_value") for group in node.args[7:9] for a in group):
+                if isinstance(value, torch.SymInt) and not isinstance(value.node.expr, sympy.Symbol):
+                    found.append(str(value))
+    return found
+
+
+@pytest.mark.parametrize("mode", ["rel", "t5", "alibi"])
+def test_compiled_flex_captures_no_symbolic_expression(mode, monkeypatch):
+    """torch 2.11 (the GPU machine's, 2026-11-28) lowers a captured symbolic expression as a buffer and fails
+    ('ShapeAsConstantBuffer' object has no attribute 'dtype'; its flex common.maybe_realize skips plain symbols
+    only): every value score_mod and mask_mod capture is a tensor or a plain size, in training with dropout and in
+    validation, encoder and decoder. Checked on the graphs dynamo hands its backend, the same on any device."""
+    graphs = []
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit):
+        compiled = flex.compile_flex(backend=lambda gm, inputs: graphs.append(gm) or gm.forward)
+        monkeypatch.setattr(flex, "_kernel", lambda q: compiled)
+        net = model(mode)
+        gen = torch.Generator().manual_seed(0)
+        with routes.use_route("flex"), torch.no_grad():
+            for training in (True, False):
+                net.train(training)
+                for layer in net.modules():
+                    if isinstance(layer, MultiHeadAttention):
+                        layer.dropout = 0.1
+                for b, s, t in ((3, 9, 8), (5, 12, 10), (1, 10, 6)):
+                    src = torch.randint(4, inc.V, (b, s), generator=gen)
+                    src[0, -2:] = inc.PAD
+                    net(src, torch.randint(4, inc.V, (b, t), generator=gen))
+    assert graphs and [e for gm in graphs for e in compound_captures(gm)] == []
+    torch._dynamo.reset()
+
+
 # --- CUDA (make test-gpu) ---
 
 CUDA = torch.device("cuda")
@@ -654,3 +696,30 @@ def test_gpu_model_trains_and_decodes_through_auto_as_through_the_reference(mode
             logits, cache = net.decode_step(tgt[:, t], memory, src_mask, cache, step=t)
             real = tgt[:, t] != inc.PAD
             torch.testing.assert_close(logits[real], full[real, t], rtol=1e-4, atol=1e-4)
+
+
+def test_a_flex_that_does_not_compile_falls_back_to_chunked_under_auto(monkeypatch, caplog):
+    """A route never crashes a run: where the compiled kernel fails to build (torch 2.11 on 2026-11-28), auto's
+    call takes chunked and so does every later one, with one warning; routes.report() says so. A forced flex
+    is a UserError naming torch's version."""
+    import torch._inductor.exc
+
+    def broken(*args, **kwargs):
+        raise torch._inductor.exc.InductorError(AttributeError("'ShapeAsConstantBuffer' has no 'dtype'"), None)
+
+    monkeypatch.setattr(flex, "_kernel", lambda q: broken)
+    monkeypatch.setattr(routes, "_flex_failure", None)
+    monkeypatch.setattr(routes, "_ran", set())
+    mha, positions, inputs = make("rel", "encoder", torch.float32)
+    want = run("reference", mha, positions, inputs)
+    q, k, v = (torch.randn(3, HEADS, 7, D_MODEL // HEADS) for _ in range(3))
+    refusal = rf"RELMT_ATTENTION=flex: FlexAttention does not compile here \(torch {re.escape(torch.__version__)}\)"
+    with routes.use_route("flex"), pytest.raises(UserError, match=refusal + ".*InductorError"):
+        routes.attend("flex", q, k, v, mha.rel, None, None, False, 0, 0.0)
+    monkeypatch.setattr(routes, "choose", lambda q, m, p: "flex")  # as auto chooses on CUDA for large logits
+    with caplog.at_level("WARNING"):
+        assert_all_close(run("auto", mha, positions, inputs), want, torch.float32)
+        assert_all_close(run("auto", mha, positions, inputs), want, torch.float32)
+    assert sum("takes the chunked route" in r.message for r in caplog.records) == 1
+    report = routes.report()
+    assert report["ran"] == ["chunked"] and "ShapeAsConstantBuffer" in report["flex_failed"]

@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch._dynamo.exc
+import torch._inductor.exc
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask
@@ -107,9 +109,21 @@ def flex_core(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, mask_
     b, h, n, _ = q.shape
     m = k.shape[2]
     block_mask = None if mask_mod is None else _block_mask(mask_mod, b, n, m, q.device)
-    out, aux = _kernel(q)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
+    kernel = _kernel(q)
+    try:
+        out, aux = kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
                           return_aux=AuxRequest(lse=True))
+    except (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError) as e:
+        if kernel is _flex_attention:
+            raise
+        first = next((line for line in str(e).splitlines() if line.strip()), "")
+        raise FlexCompileError(f"FlexAttention does not compile here (torch {torch.__version__}): "
+                               f"{type(e).__name__}: {first[:300]}") from e
     return out, aux.lse
+
+
+class FlexCompileError(RuntimeError):
+    """The compiled FlexAttention kernel failed to build (relmt.model.routes falls back to chunked under auto)."""
 
 
 _last_mask: tuple = ()
@@ -143,10 +157,13 @@ def score_mod_for(r: Tensor | None, bias: Tensor | None, k: int, off: Tensor) ->
     if r is None and bias is None:
         return None
     b_at = None if bias is None else _reader(bias)
+    # the clip's ends as captured 0-d tensors, not Python ints: compiled with symbolic sizes, an int becomes a
+    # symbol and -k an expression, which torch 2.11's kernel lowering cannot capture (it realizes it as a buffer)
+    lo, hi = _scalar(-k, off.device), _scalar(k, off.device)
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if r is not None:
-            score = score + r[b, h, q_idx, (kv_idx - q_idx - off).clamp(-k, k) + k]
+            score = score + r[b, h, q_idx, torch.clamp(kv_idx - q_idx - off, lo, hi) + hi]
         if b_at is not None:
             score = score + b_at(b, h, q_idx, kv_idx)
         return score

@@ -12,6 +12,10 @@ differ in memory and speed.
   Attention dropout is a mask hashed from each weight's coordinates that every pass recomputes (one
   pass more than without dropout).
 
+A route never crashes a run on its own: where auto's flex fails to compile (torch 2.11 did, 2026-11-28), the
+call and every later one take chunked, with one warning, and `report()` (in a training run's metrics.json)
+names the routes that ran and why flex stopped. A forced flex that cannot compile is a UserError.
+
 One setting picks the route, for training, validation and decoding alike: the environment variable
 RELMT_ATTENTION=auto|reference|chunked|flex (auto when unset), read when relmt is imported; in code,
 `use_route("chunked")` (a context manager) sets it for a block. It is a property of the run, not of the
@@ -33,6 +37,7 @@ auto picks, per call:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,8 +47,10 @@ from torch import Tensor
 
 from relmt.errors import UserError
 from relmt.model.chunked import chunked_attention
-from relmt.model.flex import flex_attention
+from relmt.model.flex import FlexCompileError, flex_attention
 from relmt.model.positions import RelativePositions
+
+log = logging.getLogger(__name__)
 
 ROUTES = ("auto", "reference", "chunked", "flex")
 ENV = "RELMT_ATTENTION"
@@ -53,6 +60,8 @@ CHUNK_BYTES = 64 * 2**20
 CPU_MIN_ROWS = 1024
 
 _setting = os.environ.get(ENV, "auto").strip().lower() or "auto"
+_ran: set[str] = set()  # the routes attend() has run (chunked, flex) since the last report(reset=True)
+_flex_failure: str | None = None  # why flex stopped compiling in this process; auto then takes chunked
 
 
 def setting() -> str:
@@ -106,7 +115,7 @@ def choose(q: Tensor, m: int, p: float) -> str:
     if n == 1 or b * h * n * m * q.element_size() <= CHUNK_BYTES:
         return "reference"
     if q.device.type == "cuda":
-        return "flex" if flex_serves(q, p) else "chunked"
+        return "flex" if _flex_failure is None and flex_serves(q, p) else "chunked"
     if q.device.type == "cpu" and (torch.compiler.is_compiling() or n < CPU_MIN_ROWS):
         return "reference"
     return "chunked"
@@ -117,7 +126,27 @@ def attend(route: str, q: Tensor, k: Tensor, v: Tensor, rel: RelativePositions |
     """Attention by `route` ("chunked" or "flex"): q (B, H, n, D) scaled by 1/sqrt(d_z), k and v (B, H, m, D),
     Shaw's tables `rel`, the stack's bias (H, n, m), the keep-mask broadcastable to (B, 1, n, m).
     Returns (B, H, n, D)."""
-    if route == "chunked":
-        return chunked_attention(q, k, v, rel, bias, mask, causal, q_offset, p)
-    assert route == "flex", route
-    return flex_attention(q, k, v, rel, bias, mask, causal, q_offset, p=p)
+    global _flex_failure
+    if route == "flex":
+        try:
+            out = flex_attention(q, k, v, rel, bias, mask, causal, q_offset, p=p)
+            _ran.add("flex")
+            return out
+        except FlexCompileError as e:
+            if _setting == "flex":
+                raise UserError(f"{ENV}=flex: {e}; use {ENV}=chunked or auto") from e
+            if _flex_failure is None:
+                log.warning("%s; attention takes the chunked route from here on (%s=auto)", e, ENV)
+            _flex_failure = str(e)
+    assert route in ("chunked", "flex"), route
+    _ran.add("chunked")
+    return chunked_attention(q, k, v, rel, bias, mask, causal, q_offset, p)
+
+
+def report(reset: bool = False) -> dict:
+    """The routes that ran besides the reference (chunked, flex) and why flex failed to compile (None if it did
+    not), since the process began or the last reset."""
+    out = {"setting": _setting, "ran": sorted(_ran), "flex_failed": _flex_failure}
+    if reset:
+        _ran.clear()
+    return out

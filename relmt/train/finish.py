@@ -15,6 +15,7 @@ from relmt.config import Config
 from relmt.data.dataset import Corpus
 from relmt.evaluate.metrics import bucketed_bleu
 from relmt.host import host
+from relmt.model import routes
 from relmt.train import distributed
 from relmt.train.resume import TrainState
 from relmt.train.validate import translate_split
@@ -27,7 +28,8 @@ def summary(state: TrainState, completed: bool, out: Path, n_params: int, wall_s
     """The run's figures for metrics.json: progress, speed and the machine it was measured on (the last
     session's, for a resumed run), skipped updates, the last and the best validation, where train.patience
     stopped the run (else None), the checkpoint train.init_from started it from (else None) and, with several
-    corpora, the mix trained on (relmt/data/mix.py's `seen`; else None). A run stopped early is completed, like
+    corpora, the mix trained on (relmt/data/mix.py's `seen`; else None), and the attention routes that ran
+    (relmt.model.routes.report: whether auto's flex fell back to chunked). A run stopped early is completed, like
     one that reached max_steps."""
     seconds = max(state.train_seconds, 1e-9)
     return {"status": "completed" if completed else "interrupted", "stopped_early": stopped_early,
@@ -38,7 +40,7 @@ def summary(state: TrainState, completed: bool, out: Path, n_params: int, wall_s
             "host": host(),
             "skipped_updates": state.bad_total, "final_valid": valid,
             "best": {"metric": state.best_metric, "value": state.best_value, "step": state.best_step},
-            "mix": mix}
+            "mix": mix, "attention_routes": routes.report()}
 
 
 def params_in_sync(model: torch.nn.Module, dist: distributed.Dist) -> bool:
