@@ -176,6 +176,8 @@ class Lane:
 
     syncs: list[Sync] = field(default_factory=list)
     counting: bool = True
+    data: str = "cpu"  # where the values live: "meta" for shapes alone (no values: nothing may read one)
+    on_op: object = None  # called as on_op(func, args, kwargs, out) after each op on the lane, args unwrapped
 
     def run(self, func, args, kwargs):
         flat, _ = tree_flatten((args, kwargs))
@@ -189,8 +191,10 @@ class Lane:
         unwrapped = tree_map(lambda x: x.inner if isinstance(x, LaneTensor) else x, (args, kwargs))
         uargs, ukwargs = unwrapped
         if to_lane:
-            ukwargs = {**ukwargs, "device": torch.device("cpu")}
+            ukwargs = {**ukwargs, "device": torch.device(self.data)}
         out = func(*uargs, **ukwargs)
+        if self.on_op is not None:
+            self.on_op(func, uargs, ukwargs, out)
         if func in _TRANSFERS:
             dest = kwargs.get("device")
             on_lane = _names_lane(dest) if dest is not None else isinstance(args[0], LaneTensor)
@@ -343,10 +347,11 @@ _current: Lane | None = None
 
 
 @contextlib.contextmanager
-def fake_cuda() -> Iterator[Lane]:
-    """Run relmt as if on one CUDA device (the module's docstring); yields the Lane that counts host reads."""
+def fake_cuda(data: str = "cpu") -> Iterator[Lane]:
+    """Run relmt as if on one CUDA device (the module's docstring); yields the Lane that counts host reads.
+    data="meta": the tensors hold shapes alone (scripts/gpu/roofline.py), so nothing may read a value."""
     global _current
-    lane = Lane()
+    lane = Lane(data=data)
     state = {"cuda": None}
 
     def get_rng_state_all():

@@ -8,9 +8,11 @@ rows, and query row i sits at position i + q_offset.
 
 On the CPU these are torch's gather and scatter_add. On CUDA scatter_add is one atomic add per key, and all
 the keys of a clipped tail (j - i <= -k, or >= k) add into the same address of their row, so they queue.
-There `sum_labels` reads the band |j - i| < k with a gather (one key per label) and each tail from a prefix
-sum (the lower) or a suffix sum (the upper), accumulated in float32 or wider: no atomics and no
-subtraction; `gather_labels`' backward is that sum.
+There `sum_labels` reads the band |j - i| < k with a gather (one key per label) and both tails with one
+batched product against the rows' tail masks, (n, B*H, m) @ (n, m, 2): x is read once, on the matrix units,
+summed in float32 or wider, deterministic, and with no subtraction; `gather_labels`' backward is that sum.
+(Until 2026-11-28 the tails were prefix and suffix scans: two cumsums and a flip of (B, H, n, m) each, 113 ms
+of rel's 471 ms step on an H200.)
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class _GatherLabels(torch.autograd.Function):
 
 
 def _sum_without_atomics(x: Tensor, k: int, q_offset: int) -> Tensor:
-    """sum_labels by a gather for the band and prefix / suffix sums for the two tails."""
+    """sum_labels by a gather for the band and one batched product with the tails' masks."""
     n, m = x.shape[-2:]
     if k == 0:  # one label for every key
         return x.sum(-1, keepdim=True)
@@ -62,10 +64,8 @@ def _sum_without_atomics(x: Tensor, k: int, q_offset: int) -> Tensor:
     j = i + torch.arange(-k + 1, k, device=x.device)  # (n, 2k - 1): the band's key of each label 1 .. 2k-1
     band = x.gather(-1, j.clamp(0, m - 1).expand(*lead, 2 * k - 1))
     band = band.masked_fill((j < 0) | (j >= m), 0)
-    acc = torch.promote_types(x.dtype, torch.float32)
-    last = i - k  # the lower tail is keys 0 .. i - k: the prefix sum there (the whole row past m - 1)
-    lower = x.cumsum(-1, dtype=acc).gather(-1, last.clamp(0, m - 1).expand(*lead, 1)).masked_fill(last < 0, 0)
-    first = i + k  # the upper tail is keys i + k .. m - 1: the suffix sum from there, read off the flipped row
-    upper = x.flip(-1).cumsum(-1, dtype=acc).gather(-1, (m - 1 - first.clamp(0, m - 1)).expand(*lead, 1))
-    upper = upper.masked_fill(first > m - 1, 0)
-    return torch.cat((lower.to(x.dtype), band, upper.to(x.dtype)), dim=-1)
+    d = torch.arange(m, device=x.device) - i  # (n, m): j - i
+    tails = torch.stack((d <= -k, d >= k), dim=-1).to(x.dtype)  # (n, m, 2): the lower and the upper tail
+    rows = x.reshape(-1, n, m).transpose(0, 1)  # (n, B*H, m), a view where x is contiguous
+    sums = torch.bmm(rows, tails).transpose(0, 1).reshape(*lead, 2)  # (..., n, 2), accumulated in float32
+    return torch.cat((sums[..., :1], band, sums[..., 1:]), dim=-1)
