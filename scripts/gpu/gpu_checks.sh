@@ -23,8 +23,11 @@
 #   issue58  issue 58: route_convergence.py (flex vs reference from one initialisation, 300 bf16 updates, and
 #            flex twice: determinism), loss_memory.py --largest (big rel, whole vs chunked loss) and bench_train
 #            with --loss whole chunked --batch-by source longest; boxes 150 s each
-#   m30k     the Multi30k recipe abs, rel and both on the GPU, in the background beside the phases above
-#            (issue 31; needs data/multi30k), stopped at 400 s
+#   labels   issue 68 §3: the sums per label each way (scripts/bench/bench_label_sums.py: the product with the tail
+#            masks relmt now takes, masked sums, the scans it took until 2026-11-28, scatter_add), base and n = 1024
+#            shapes, bf16; box 40 s
+#   m30k     the Multi30k recipe on the GPU (M30K_POSITIONS, default "abs rel both"), in the background beside
+#            the phases above (issue 31; needs data/multi30k), stopped at M30K_BOX seconds (default 400)
 # Carry (the run tool's carry list; ignored paths that must travel with the checkout, about 25 MB together):
 #   .whl                 wheels of the packages the GPU machine lacks: scripts/gpu/gpu_wheels.sh fills it
 #   data/bench/wmt_like  the WMT-like workload: python scripts/bench/bench_train.py --prepare-only (on a CPU)
@@ -80,7 +83,7 @@ if want m30k; then
   log "prepare Multi30k"
   mkdir -p runs/gpu
   relmt-prepare "${M30K_ARGS[@]}" > runs/gpu/prepare.out 2>&1 || log "prepare failed"
-  for pos in abs rel both; do
+  for pos in ${M30K_POSITIONS:-abs rel both}; do
     ( s=$(date +%s); relmt-train "${M30K_ARGS[@]}" "model.positions=$pos" "out_dir=runs/gpu/m30k_${pos}_s1" \
         > "runs/gpu/m30k_${pos}_s1.out" 2>&1; log "m30k $pos exit $? after $(( $(date +%s) - s ))s" ) &
   done
@@ -113,6 +116,14 @@ if want attn; then
   log "attn exit $?"
 fi
 
+# --- labels: the sums per label each way (issue 68 §3) ------------------------------------------------------
+if want labels; then
+  t=$(box 40); log "sums per label, box ${t}s"
+  timeout "$t" python3 scripts/bench/bench_label_sums.py --device cuda --out "$OUT/label_sums.json" \
+    --md "$OUT/label_sums.md" >> "$OUT/log.txt" 2>&1
+  log "labels exit $?"
+fi
+
 # --- trainflex: training through FlexAttention, dropout included ------------------------------------------
 if want trainflex; then
   t=$(box 120); log "bench_train WMT-like base abs rel bf16 --route flex, box ${t}s"
@@ -126,7 +137,7 @@ fi
 if want train43; then
   t=$(box 400); log "bench_train WMT-like base big bf16, OpenNMT-py abs rel, box ${t}s"
   timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base big --precision bf16 --device cuda \
-    --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --profile-steps 3 --onmt abs rel --onmt-sizes base --onmt-steps 40 \
+    --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --profile-steps 3 --onmt ${ONMT:-abs rel} --onmt-sizes base --onmt-steps 40 \
     --onmt-warmup 20 --onmt-timeout 90 --onmt-work "$EXTRA/onmt" --out "$OUT/train43.json" --md "$OUT/train43.md" \
     >> "$OUT/log.txt" 2>&1
   log "train43 exit $?"
@@ -170,9 +181,9 @@ fi
 
 if want m30k; then
   log "waiting for the Multi30k runs"
-  while [ "$(jobs -r | wc -l)" -gt 0 ] && [ $(( $(date +%s) - T0 )) -lt 400 ]; do sleep 5; done
+  while [ "$(jobs -r | wc -l)" -gt 0 ] && [ $(( $(date +%s) - T0 )) -lt "${M30K_BOX:-400}" ]; do sleep 5; done
   if [ "$(jobs -r | wc -l)" -gt 0 ]; then
-    log "Multi30k runs still going at 400s: stopped"
+    log "Multi30k runs still going at ${M30K_BOX:-400}s: stopped"
     for job in $(jobs -p); do pkill -P "$job"; kill "$job" 2>/dev/null; done
     sleep 3
   fi
