@@ -263,3 +263,17 @@ def test_an_update_reads_the_device_once(root, monkeypatch, loss):
         loop_module.train(cfg)
     reads = [lane.syncs[a:b] for a, b in zip(starts, starts[1:])]
     assert len(reads) == 3 and all(len(r) == 1 for r in reads), reads
+
+
+def test_the_roofline_estimate_traces_cuda_steps_with_shapes_alone():
+    """scripts/gpu/roofline.py: a base bf16 step under the lane with meta data (no values), each op's FLOPs and
+    bytes; rel's sums per label take the product, not scans, and cost more than abs."""
+    from tests.scripts_import import load_script
+
+    roof = load_script("roofline")
+    abs_ops, rel_ops = (roof.step_ops(p, 16, 12, 10, 1000, 4) for p in ("abs", "rel"))
+    names = {o["op"] for o in rel_ops}
+    assert "bmm" in names and "cumsum" not in names
+    a, r = (roof.roofline(ops, 790e12, 4.3e12) for ops in (abs_ops, rel_ops))
+    assert 0 < a["ms"] < r["ms"] and r["flops"] > a["flops"] > 0
+    assert any(o["op"] == "sdpa_fused_fwd" for o in abs_ops)  # fused attention counted as one kernel

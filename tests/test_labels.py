@@ -128,3 +128,20 @@ def test_a_cuda_step_takes_no_scan(mode, monkeypatch):
     with Ops() as ops:
         net(src, tgt).pow(2).mean().backward()
     assert "bmm" in ops.seen and not ops.seen & {"cumsum", "flip"}, " ".join(sorted(ops.seen))
+
+
+def test_bench_label_sums_runs_and_checks_each_variant(tmp_path, monkeypatch):
+    """scripts/bench/bench_label_sums.py (the GPU call's labels phase) on a small shape: every variant equals
+    scatter_add in float64 before it is timed, and the JSON names each."""
+    import json
+    import sys
+
+    from tests.scripts_import import load_script
+
+    bench = load_script("bench_label_sums")
+    monkeypatch.setattr(bench, "SHAPES", {"small": (2, 2, 12, 12)})
+    monkeypatch.setattr(sys, "argv", ["bench_label_sums.py", "--device", "cpu", "--shapes", "small", "--k", "3",
+                                      "--repeats", "1", "--out", str(tmp_path / "s.json")])
+    bench.main()
+    rows = json.loads((tmp_path / "s.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["product", "masked", "scans", "scatter_add"]

@@ -80,7 +80,7 @@ def main() -> None:
     rows: list[dict] = []
     for shape in args.shapes:
         x = torch.randn(SHAPES[shape], dtype=dtype, device=device)
-        steps = {name: (lambda fn=fn: fn(x, args.k, 0)) for name, fn in VARIANTS.items()}
+        steps = {name: (lambda fn=fn, x=x: fn(x, args.k, 0)) for name, fn in VARIANTS.items()}
         times = time_interleaved(steps, device, repeats=args.repeats)
         for name, t in times.items():
             rows.append({"shape": shape, "bhnm": "x".join(map(str, SHAPES[shape])), "variant": name, "ms": 1e3 * t,
