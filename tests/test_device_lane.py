@@ -183,6 +183,13 @@ def test_on_cpu_unwraps():
 
 # ---- training ----------------------------------------------------------------------------------------------
 
+SMALL = ("data.toy.n_valid=6", "data.toy.n_test=4", "data.toy.n_test_long=4")  # decoding on the lane is slow
+
+
+def lane_config(root, run, *overrides):
+    return tiny_config(root, run, *SMALL, *overrides)
+
+
 def lane_train(cfg):
     with fake_cuda() as lane:
         metrics = loop_module.train(cfg)
@@ -209,8 +216,8 @@ def test_training_with_validation_on_cuda_as_on_the_cpu(root, run):
     averaged and the test sets decoded from the average."""
     settings = (*RUNS[run], "train.precision=fp32", "train.average_last=2", "train.test_checkpoint=averaged",
                 *NO_DROPOUT)
-    cpu = loop_module.train(tiny_config(root, f"{run}-cpu", *settings, "train.device=cpu"))
-    lane, seen = lane_train(tiny_config(root, f"{run}-lane", *settings, "train.device=cuda"))
+    cpu = loop_module.train(lane_config(root, f"{run}-cpu", *settings, "train.device=cpu"))
+    lane, seen = lane_train(lane_config(root, f"{run}-lane", *settings, "train.device=cuda"))
     assert lane["status"] == cpu["status"] == "completed" and seen.syncs  # it ran on the lane
     a, b = train_records(root / f"{run}-cpu"), train_records(root / f"{run}-lane")
     assert sorted(a) == sorted(b) == list(range(1, 7))
@@ -224,10 +231,11 @@ def test_training_with_validation_on_cuda_as_on_the_cpu(root, run):
 def test_bf16_training_and_an_exact_resume_on_cuda(root):
     """precision=auto on CUDA trains in bf16; a run stopped at update 4 and resumed equals the uninterrupted run
     at every update (RNG, data position and optimizer restored onto the device), dropout on."""
-    common = ("train.device=cuda", "train.save_every=4", "train.eval_every=4", "model.dropout=0.1")
-    lane_train(tiny_config(root, "full", *common, "train.max_steps=8"))
-    lane_train(tiny_config(root, "split", *common, "train.max_steps=4"))
-    lane_train(tiny_config(root, "split", *common, "train.max_steps=8", "train.resume=true"))
+    common = ("train.device=cuda", "train.save_every=4", "train.eval_every=4", "model.dropout=0.1",
+              "train.valid_bleu=false")
+    lane_train(lane_config(root, "full", *common, "train.max_steps=8"))
+    lane_train(lane_config(root, "split", *common, "train.max_steps=4"))
+    lane_train(lane_config(root, "split", *common, "train.max_steps=8", "train.resume=true"))
     a, b = train_records(root / "full"), train_records(root / "split")
     assert sorted(a) == sorted(b) == list(range(1, 9))
     assert [a[s]["loss"] for s in a] == [b[s]["loss"] for s in a]
@@ -235,9 +243,9 @@ def test_bf16_training_and_an_exact_resume_on_cuda(root):
 
 def test_init_from_onto_a_new_vocabulary_on_cuda(root):
     """A checkpoint trained with one vocabulary seeds a CUDA run with another (relmt/train/init.py)."""
-    loop_module.train(tiny_config(root, "source", "train.max_steps=2", "train.valid_bleu=false",
+    loop_module.train(lane_config(root, "source", "train.max_steps=2", "train.valid_bleu=false",
                                   "train.device=cpu"))
-    metrics, _ = lane_train(tiny_config(root, "tuned", "train.max_steps=1", "train.valid_bleu=false",
+    metrics, _ = lane_train(lane_config(root, "tuned", "train.max_steps=1", "train.valid_bleu=false",
                                         "train.device=cuda", f"train.init_from={root / 'source/checkpoints/last.pt'}",
                                         "data.vocab_size=60"))
     assert metrics["status"] == "completed" and metrics["init_from"]["vocabulary"]["rows"] == 60
@@ -256,7 +264,7 @@ def test_an_update_reads_the_device_once(root, monkeypatch, loss):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loop_module, "train_step", train_step)
-    cfg = tiny_config(root, f"syncs-{loss}", "train.device=cuda", "train.max_steps=4", "train.update_freq=2",
+    cfg = lane_config(root, f"syncs-{loss}", "train.device=cuda", "train.max_steps=4", "train.update_freq=2",
                       "train.log_every=100", "train.eval_every=100", "train.save_every=100",
                       f"train.output_loss={loss}", "train.valid_bleu=false")
     with fake_cuda() as lane:
