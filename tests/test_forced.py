@@ -130,6 +130,59 @@ def test_a_sentence_without_constraints_in_a_constrained_batch_gets_the_plain_se
     assert mixed[1] == plain[1]
 
 
+@pytest.mark.parametrize("beam,eos", [(1, "fairseq"), (2, "fairseq"), (3, "t2t")])
+def test_a_sentence_without_constraints_is_untouched_at_every_eos_rule_and_beam(beam, eos):
+    """Issue 69 defect 2: with beam 1 or eos_candidates=fairseq, sentences without constraints in a batch with some
+    changed ("r rusa ga deku ze" became "r"): every EOS candidate finished there, whatever the rule said."""
+    model, (src, _) = model64(), batch()
+    with torch.no_grad():  # EOS competes from the first steps: candidates ranked K..2K-1 are EOS
+        model.tgt_embed.weight[EOS] *= 6
+    kw = dict(eos_candidates=eos, early_stop=beam == 1)
+    plain = beam_search(model, src, beam, BOS, EOS, lenpen=0.6, max_len_a=1.0, max_len_b=6, nbest=beam, **kw)
+    mixed = beam_search(model, src, beam, BOS, EOS, lenpen=0.6, max_len_a=1.0, max_len_b=6, nbest=beam,
+                        constraints=[[[31, 32]], [], []], **kw)
+    assert mixed[1:] == plain[1:]
+
+
+@pytest.mark.parametrize("t2t", [False, True])
+def test_the_constrained_step_leaves_an_unconstrained_sentences_eos_rule_alone(t2t):
+    """One step, beam 1, of two sentences: the first constrained, the second not, whose best token is 5 and second
+    EOS. Under fairseq's rule that EOS (ranked K..2K-1) does not finish, under t2t's it does: as in a batch of the
+    second sentence alone. (Before, every EOS candidate of a constrained batch finished.)"""
+    from relmt.decode.beam import Beams, Rules, beam_step
+    from relmt.decode.constraints import make_forced
+
+    vocab, pad = 8, 0
+    logits = torch.full((2, vocab), -5.0)
+    logits[:, 5], logits[:, EOS] = 2.0, 1.0
+    rules = Rules(EOS, torch.tensor([pad, BOS]), 0, 0.6, "gnmt", t2t, False)
+
+    def start(n, forced=None):
+        return Beams(torch.full((n, 1), BOS), torch.zeros(n, 1), torch.full((n, 1), float("-inf")),
+                     torch.zeros(n, 1, 0, dtype=torch.long), torch.full((n,), 10), forced)
+
+    forced = make_forced(None, [[[6]], []], False, 2, 1, torch.device("cpu"))
+    mixed, _, _ = beam_step(logits.clone(), start(2, forced), rules, pad)
+    alone, _, _ = beam_step(logits[1:].clone(), start(1), rules, pad)
+    assert torch.equal(mixed.pool_scores[1:], alone.pool_scores) and torch.equal(mixed.tokens[1:], alone.tokens)
+    assert torch.isfinite(alone.pool_scores).any() == t2t
+
+
+def test_two_phrases_that_begin_with_the_same_token_are_both_met():
+    """Issue 69 defect 1: ["the dog", "the cat"] with beam 1 wrote "the the the ..." to the step limit, both
+    unmet: a bank that summed every phrase's partial match did not grow along the path that met one."""
+    from relmt.decode.constraints import banks, make_forced
+
+    f = make_forced(None, [[[5, 6], [5, 7]]], False, 1, 1, torch.device("cpu"))
+    progress = torch.tensor([[[1, 1], [2, 0], [2, 1], [2, 2]]])  # "the"; "the dog"; "the dog the"; both
+    assert banks(f, progress).tolist() == [[1, 2, 3, 4]]
+    model, (src, _) = model64(), batch()
+    for beam in (1, 2):
+        hyps = search(model, src[:1], beam=beam, constraints=[[[31, 32], [31, 33]]])
+        assert hyps[0] and all(h.unmet == 0 and contains(h.tokens, [31, 32]) >= 0 and contains(h.tokens, [31, 33])
+                               >= 0 for h in hyps[0]), [h.tokens for h in hyps[0]]
+
+
 def test_constraints_and_a_prefix_together():
     model, (src, _) = model64(), batch()
     hyps = search(model, src, prefixes=[[9, 10], [], []], constraints=[[[31]], [[17, 18]], []])

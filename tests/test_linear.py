@@ -254,3 +254,27 @@ def test_torch_func_transforms_through_linear_equal_f_linears(transform):
         ours = transformed(linear)(w, b, x)
     for name, a, m in zip(("dW", "db"), ours, transformed(F.linear)(w, b, x)):
         torch.testing.assert_close(a, m, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_an_expanded_gradient_reaches_onednn_dense(reduce, monkeypatch):
+    """Issue 69 defect 8: `linear(x, w).sum().backward()` hands backward a stride-0 gradient, which oneDNN took
+    about 750x longer to use as an operand: every operand it gets is dense, and the gradients are torch's."""
+    seen = []
+    real = linear_module._onednn
+
+    def spy(a, b, *rest):
+        seen.extend((a.stride(), b.stride()))
+        return real(a, b, *rest)
+
+    monkeypatch.setattr(linear_module, "_onednn", spy)
+    torch.manual_seed(0)
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(48, 32, requires_grad=True)
+    with use_cpu_gemm("onednn"):
+        getattr(linear(x, w), reduce)().backward()
+    assert seen and all(0 not in stride for stride in seen), seen
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    getattr(F.linear(x2, w2), reduce)().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)

@@ -149,3 +149,40 @@ def test_bad_sampling_settings_name_the_key():
         DataConfig(spm_alpha=0.1, spm_model_type=SpmModel.word)
     with pytest.raises(ValueError, match="data.spm_nbest: must be -1"):
         DataConfig(spm_nbest=0)
+
+
+def test_saving_best_alone_keeps_the_pieces_a_resume_from_last_needs(tmp_path, monkeypatch):
+    """Issue 69 defects 4 and 5: with eval_every (3) not a multiple of save_every (4), best.pt saved at update 6
+    deleted the pieces of last.pt's epoch (update 4), so a resume after a hard kill sampled that epoch anew. And a
+    saved position past a re-sampled epoch's batches resumes at the next epoch instead of crashing."""
+    common = ("data.toy.n_train=12", "data.spm_alpha=0.2", "data.spm_model_type=bpe", "data.vocab_size=300",
+              "train.save_every=4", "train.eval_every=3", "train.valid_bleu=false", "train.best_metric=loss")
+    loop_module.train(tiny_config(tmp_path, "full", "train.max_steps=8", *common))
+    real_step = loop_module.train_step
+    calls = []
+
+    def killed(*args, **kwargs):  # a hard kill during update 7: nothing is saved after update 6's best.pt
+        calls.append(1)
+        if len(calls) == 7:
+            raise SystemExit("killed")
+        return real_step(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop_module, "train_step", killed)
+        with pytest.raises(SystemExit):
+            loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", *common))
+    with monkeypatch.context() as m:  # the resume is a new process: sentencepiece would sample other pieces
+        real = regularise.resample
+        m.setattr(regularise, "resample", lambda data, tok, alpha, nbest, seed, epoch:
+                  real(data, tok, alpha, nbest, seed + 100, epoch))
+        loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", "train.resume=true", *common))
+    a, b = train_records(tmp_path / "full"), train_records(tmp_path / "split")
+    assert [a[s]["loss"] for s in range(1, 9)] == [b[s]["loss"] for s in range(1, 9)]
+
+    last = tmp_path / "split/checkpoints/last.pt"
+    ck = checkpoint.load(last)
+    ck["position"]["batch"] = ck["state"]["batch"] = 999  # further than any epoch of 12 pairs holds
+    ck["checksum"] = checkpoint.payload_checksum(ck)
+    torch.save(ck, last)
+    metrics = loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=9", "train.resume=true", *common))
+    assert metrics["status"] == "completed" and metrics["steps"] == 9

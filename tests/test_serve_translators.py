@@ -128,6 +128,12 @@ BAD = [  # (id, body, status, the field the answer names)
     ("constraint the vocabulary cannot spell", {"text": ["a", "b"], "constraints": [[], ["buko", "\u20ac"]]}, 422,
      "constraints[1][1]"),
     ("constraints too long", {"text": ["a"], "constraints": [["buko " * 30, "ga " * 30]]}, 413, "constraints[0]"),
+    # issue 69 defect 3: a request's constraints are bounded as its size is (each phrase raises the search's cost)
+    ("phrases over 16 a sentence", {"text": "a", "constraints": ["ga"] * 17}, 413, "constraints"),
+    ("pieces over 64 a sentence", {"text": ["a"], "constraints": [["a " * 70]]}, 413, "constraints[0]"),
+    ("phrases over max_request_phrases", {"text": ["a"] * 5, "constraints": [["ga"] * 16] * 5}, 413, "constraints"),
+    # defect 7: a prefix is refused as a constraint is, not forced as <unk>
+    ("prefix the vocabulary cannot spell", {"text": "a", "prefix": "caf\u20ac"}, 422, "prefix"),
     ("constraints_order unknown", {"text": "a", "constraints_order": "sometimes"}, 422, "constraints_order"),
     ("alignments not a bool", {"text": "a", "alignments": "yes"}, 422, "alignments"),
     ("token_scores as int", {"text": "a", "token_scores": 1}, 422, "token_scores"),

@@ -53,6 +53,27 @@ def test_word_links_merge_pieces_into_words():
     assert links == [(0, 0), (1, 0), (1, 1)]  # EOS's row and column are left out
 
 
+def test_target_words_are_those_of_the_returned_text(translator):
+    """Issue 69 defect 6: sentencepiece writes <unk> as " \u2047 " (a word of its own) and a lone "\u2581" as a
+    space, so counting word starts among the pieces named words the text does not have."""
+    import numpy as np
+
+    from relmt.decode.alignment import words_of_text
+
+    sp = translator.tokenizer.sp
+    ids = [*sp.encode("the caf"), sp.unk_id(), *sp.encode("s"), *sp.encode("dog")]
+    text = sp.decode(ids)  # "the caf \u2047 s dog": five words, where the pieces start four
+    words = words_of_text(ids, sp.decode)
+    pieces = [sp.id_to_piece(i) for i in ids]
+    assert words[-1] == len(text.split()) - 1 > word_of_pieces(pieces)[-1]
+    links = word_links(np.eye(len(ids) + 1, 2), ["\u2581a", "\u2581b"], pieces, words)
+    assert {j for _, j in links} == set(range(len(text.split())))
+    # a lone "\u2581" (a piece of the toy models' vocabularies, not this one's) writes no word: it links nothing
+    fake = ["\u2581the", "\u2581dog", "\u2581"]
+    assert words_of_text([0, 1, 2], lambda ids: "".join(fake[i] for i in ids).replace("\u2581", " ").strip()) == [
+        0, 1, None]
+
+
 def test_a_prefix_begins_every_output_and_constraints_appear(translator):
     plain = translator.translations(SENTENCES, **SHORT)
     word = plain[0][0].text.split()[0]
@@ -87,6 +108,11 @@ def test_bad_requests_are_refused_by_name(translator):
         translator.translations(SENTENCES, prefixes=["x"] * 5, sampling=True, beam=2)
     with pytest.raises(UserError, match="constraint '€' of sentence 2: the model's vocabulary has no piece"):
         translator.translations(SENTENCES, constraints=[[], ["€"], [], [], []])
+    # issue 69: a prefix the vocabulary cannot spell is refused, not forced as <unk>; constraints are bounded
+    with pytest.raises(UserError, match="prefix 'caf€' of sentence 1: the model's vocabulary has no piece"):
+        translator.translations(SENTENCES, prefixes=["caf€", "", "", "", ""])
+    with pytest.raises(UserError, match="constraints of sentence 1: 17 phrases .* more than 16 phrases"):
+        translator.translations(SENTENCES, constraints=[["the"] * 17, [], [], [], []])
     with pytest.raises(UserError, match="decode.alignment_layer=7: .*decoder layers"):
         translator.translations(SENTENCES, alignments=True, alignment_layer=7)
 
@@ -143,3 +169,28 @@ def test_an_ensemble_annotates_with_its_mixed_distribution_and_averaged_attentio
     assert all(t.text.startswith("the") for t in got[0]) and all("cat" in t.text for t in got[1])
     with pytest.raises(UserError, match="alignment_layer=-3: .*2 decoder layers"):
         ensemble.translations(SENTENCES[:1], alignments=True, alignment_layer=-3)
+
+
+def test_a_new_users_stumbles_are_said(ckpt, tmp_path, capsys, caplog):  # noqa: F811
+    """Issue 69 §2: TABs read as text without constraints= are warned about; constraints with a beam no wider than
+    the phrases are warned about; constraints=yes names YAML's boolean; max_sentences is an argument; --help lists
+    the translator's options."""
+    import logging
+
+    src = tmp_path / "in.txt"
+    src.write_text(f"{SENTENCES[0]}\tthe\n")
+    out = tmp_path / "out.txt"
+    common = [f"checkpoint={ckpt}", f"input={src}", f"output={out}", "max_len_b=4", "progress=false"]
+    with caplog.at_level(logging.WARNING):
+        assert guarded("relmt-translate", _translate, [*common, "max_sentences=1"]) == 0
+        assert "line 1 holds a TAB: without constraints=ordered|unordered" in caplog.text
+        caplog.clear()
+        assert guarded("relmt-translate", _translate, [*common, "constraints=unordered", "beam=1"]) == 0
+        assert "constraints with beam=1" in caplog.text
+    assert guarded("relmt-translate", _translate, [*common, "constraints=yes"]) == 2
+    assert "constraints=true (YAML reads yes/no" in capsys.readouterr().err
+    assert guarded("relmt-translate", _translate, ["--help"]) == 0
+    usage = capsys.readouterr().out
+    for key in ("constraints=", "prefix=", "alignments=", "token_scores=", "alignment_layer=", "tgt_lang=",
+                "compile=", "quantization=", "progress=", "max_sentences="):
+        assert key in usage, key

@@ -11,6 +11,8 @@ from typing import Any
 from relmt.cli.common import EXAMPLES, guarded, parse_args, setup_logging
 from relmt.errors import UserError
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class TranslateArgs:
@@ -31,6 +33,7 @@ class TranslateArgs:
     length_norm: str = ""  # gnmt | power
     nbest: int = 1
     max_source_tokens: int | None = None  # source tokens per batch, padding included
+    max_sentences: int | None = None  # sentences per batch (fairseq's --batch-size); 0 = no cap
     max_len_a: float | None = None
     max_len_b: int | None = None
     eos_candidates: str = ""  # t2t | fairseq
@@ -49,9 +52,9 @@ class TranslateArgs:
     progress: bool = True
 
 
-TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "length_norm", "nbest", "max_source_tokens", "max_len_a", "max_len_b",
-                         "eos_candidates", "max_source_len", "sampling", "topk", "topp", "temperature", "seed",
-                         "alignment_layer")
+TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "length_norm", "nbest", "max_source_tokens", "max_sentences", "max_len_a",
+                         "max_len_b", "eos_candidates", "max_source_len", "sampling", "topk", "topp", "temperature",
+                         "seed", "alignment_layer")
 # Keys that relmt-translate once took, and what they are called now (issue 13: max_tokens counted
 # padded source + target tokens in training and source tokens in decoding, under one name).
 TRANSLATE_RENAMED_KEYS = {"max_tokens": "max_source_tokens"}
@@ -192,7 +195,11 @@ def _translate(argv: list[str]) -> None:
     refs = read_references(args.reference, args.input) if args.reference else None  # so does a misaligned one
     prefixes = read_references(args.prefix, args.input, "prefix") if args.prefix else None
     if args.constraints not in ("", "ordered", "unordered"):
-        raise UserError(f"constraints={args.constraints}: must be ordered or unordered (or unset)")
+        given = str(args.constraints)
+        if given.lower() in ("true", "false"):  # constraints=yes: YAML reads yes, on and true as a boolean
+            given = f"{given.lower()} (YAML reads yes/no, on/off as a boolean)"
+        raise UserError(f"constraints={given}: must be ordered or unordered (or unset): which reading of the "
+                        "TAB-separated phrases after each source")
     if refs is not None and (prefixes is not None or args.constraints or args.alignments or args.token_scores):
         raise UserError("reference= scores given translations: prefix, constraints, alignments and token_scores "
                         "are for translating")
@@ -207,6 +214,8 @@ def _translate(argv: list[str]) -> None:
 
     from tqdm import tqdm
 
+    warned: list[int] = []  # the first line holding a TAB, said once
+
     def output(first: int, lines: list[str]) -> str:
         if refs is not None:  # forced decoding: one score line per input line
             scores = translator.score(lines, refs[first - 1:first - 1 + len(lines)], name=name, first_line=first,
@@ -215,6 +224,10 @@ def _translate(argv: list[str]) -> None:
         constraints = None
         if args.constraints:
             lines, constraints = split_constraints(lines, name, first)
+        elif not warned and (tabbed := next((first + i for i, line in enumerate(lines) if "\t" in line), None)):
+            warned.append(tabbed)  # fairseq's constraints format read as text: the phrases would be translated too
+            log.warning("%s line %d holds a TAB: without constraints=ordered|unordered the whole line is "
+                        "translated, TAB-separated phrases included", name, tabbed)
         if prefixes is not None and first - 1 + len(lines) > len(prefixes):
             raise misaligned(name, first - 1 + len(lines), args.prefix, len(prefixes), "prefix")
         results = translator.translations(lines, prefixes[first - 1:first - 1 + len(lines)] if prefixes else None,

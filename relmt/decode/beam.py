@@ -233,11 +233,10 @@ def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[
             alive, lse = forcing.force_prefix(logits, alive, f, t), None  # the masked rows' own normaliser
     cand, origin, token = step_candidates(logits, alive, rules.banned, 2 * k, (eos_early, rules.eos_id), lse)
     last = (t + 1 >= beams.limit)[:, None]
+    keep, finishing = live_and_finishing(cand, token, last, rules.eos_id, rules.t2t)
     if f is not None and f.constrained:
         cand, origin, token, progress, keep, finishing, unmet = forcing.select(
-            f, (cand, origin, token), extra, last, rules.eos_id, logits.shape[1])
-    else:
-        keep, finishing = live_and_finishing(cand, token, last, rules.eos_id, rules.t2t)
+            f, (cand, origin, token), extra, last, rules.eos_id, logits.shape[1], (keep, finishing))
     n = cand.shape[1]  # 2K candidates, and with constraints the extra ones
     rows = torch.arange(m, device=cand.device)[:, None] * k + origin  # (m, N) rows of `tokens`
     seqs = torch.cat((beams.tokens[rows.view(-1), 1:].view(m, n, t), token[:, :, None]), dim=2)

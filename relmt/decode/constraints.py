@@ -11,7 +11,8 @@ tracks, per phrase, how many of its tokens it has matched so far (`progress`): t
 phrase advances it, any other token drops a partial match (to 1 if the token starts the phrase again).
 Unordered phrases advance independently; ordered ones only after every earlier phrase is met. Each step
 the candidates are the usual 2K best, plus for each live beam the next token of each unmet phrase and
-its own best token. A beam's *bank* is how many constraint tokens it has met; the K beams kept are
+its own best token. A beam's *bank* is how many constraint tokens it has met: those of the phrases it
+holds and its one longest partial match (fairseq's count; `banks`); the K beams kept are
 taken from the banks in turn, most met first, best score first within a bank, so hypotheses that make
 progress on the constraints survive beside the best-scoring ones (`allocate`). EOS is banned while a
 beam misses a constraint, so every hypothesis that ends with EOS holds all of them. Only at the step
@@ -19,8 +20,9 @@ limit, where live beams finish as they stand, can a hypothesis miss one: it then
 hypothesis that holds them all, and says how many it misses (`Hypothesis.unmet`). The step limit is
 raised to leave room for the prefix and every constraint token.
 
-A sentence without constraints in a batch with some gets the plain search's candidates in the plain
-order (its only bank is 0); a batch without any runs `beam_step` untouched.
+A sentence without constraints in a batch with some gets exactly the plain search's step: its K live
+beams and its finishing hypotheses by the search's EOS rule (t2t or fairseq); a batch without any runs
+`beam_step` untouched.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ import torch
 from torch import Tensor
 
 NONE = -1  # padding of prefixes and phrases
+# A sentence's constraints bound its search's cost: each phrase raises the step limit, and each step's candidates
+# (2K + K(1 + C)) each carry a progress of C phrases. relmt-translate and relmt-serve refuse more than these.
+MAX_PHRASES = 16  # phrases per sentence
+MAX_PIECES = 64  # sentencepiece pieces per sentence, over all its phrases
 
 
 @dataclass(frozen=True)
@@ -188,12 +194,24 @@ def extra_candidates(logits: Tensor, alive: Tensor, forced: Forced, banned: Tens
     return scores.reshape(m, -1), origin.reshape(m, -1), tokens.reshape(m, -1)
 
 
+def banks(forced: Forced, progress: Tensor) -> Tensor:
+    """(m, N) each candidate's bank: the tokens of the phrases it has met, plus its one partial match in progress
+    (the longest), as fairseq's ConstraintState counts. Summing every phrase's partial match instead would let
+    phrases that begin alike ("the dog", "the cat") hold a bank that "the the the ..." never leaves."""
+    lengths = forced.lengths[:, None, :]  # (m, 1, C)
+    met = progress >= lengths
+    partial = progress.masked_fill(met, 0).amax(2) if progress.shape[2] else progress.sum(2)
+    return (lengths * met).sum(2) + partial
+
+
 def select(forced: Forced, best: tuple[Tensor, Tensor, Tensor], extra: tuple[Tensor, Tensor, Tensor], last: Tensor,
-           eos_id: int, vocab: int) -> tuple[Tensor, ...]:
+           eos_id: int, vocab: int, plain: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
     """The constrained step's candidates: the 2K best (`best`: scores, origin beams, tokens, (m, 2K)) and the
     `extra` ones, each (row, token) once. Returns their scores, origins and tokens (m, N), their progress (m, N, C),
     the K kept live ((m, K) indices, `allocate`), those that finish ((m, N) bool: an EOS, which only a beam holding
-    every phrase can take, or at the step limit `last` (m, 1) a beam kept live) and the phrases each misses (m, N)."""
+    every phrase can take, or at the step limit `last` (m, 1) a beam kept live) and the phrases each misses (m, N).
+    `plain`: the plain step's choice among the 2K best (kept (m, K), finishing (m, 2K); beam.live_and_finishing,
+    by the search's EOS rule), which a sentence without constraints takes, as it would in a batch without any."""
     m = last.shape[0]
     k = forced.pool_unmet.shape[1]
     cand, origin, token = (torch.cat(pair, 1) for pair in zip(best, extra))
@@ -201,8 +219,12 @@ def select(forced: Forced, best: tuple[Tensor, Tensor, Tensor], extra: tuple[Ten
     cand = cand.masked_fill(~unique(rows, token, vocab), float("-inf"))
     progress = advance(forced, rows, token)  # (m, N, C)
     is_eos, finite = token == eos_id, torch.isfinite(cand)
-    keep = allocate(cand, progress.sum(2), ~is_eos & finite, k)
+    keep = allocate(cand, banks(forced, progress), ~is_eos & finite, k)
     kept = torch.zeros_like(is_eos).scatter_(1, keep, True)
     finishing = finite & (is_eos | (last & kept))
+    free = (forced.lengths.sum(1) == 0)[:, None]  # (m, 1): sentences without constraints
+    keep = torch.where(free, plain[0], keep)
+    finishing = torch.where(free, torch.nn.functional.pad(plain[1], (0, cand.shape[1] - plain[1].shape[1])),
+                            finishing)
     unmet = (progress < forced.lengths[:, None, :]).sum(2)
     return cand, origin, token, progress, keep, finishing, unmet

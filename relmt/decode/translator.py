@@ -42,9 +42,10 @@ import torch
 from relmt import checkpoint
 from relmt.config import DecodeConfig, Precision, from_dict
 from relmt.data.tokenizer import PAD_ID, Tokenizer, lang_tag
-from relmt.decode.alignment import pharaoh, word_links
+from relmt.decode.alignment import pharaoh, word_links, words_of_text
 from relmt.decode.beam import Hypothesis
 from relmt.decode.compiled import compile_decoding
+from relmt.decode.constraints import MAX_PHRASES, MAX_PIECES
 from relmt.decode.ensemble import Ensemble
 from relmt.decode.reference import ReferenceScore, score_references
 from relmt.decode.search import decode_sources
@@ -261,6 +262,24 @@ class Translator:
                     if unk in x:
                         raise UserError(f"constraint {phrase!r} of sentence {i + 1}: the model's vocabulary has no "
                                         "piece for part of it (sentencepiece gives <unk>), so no output can hold it")
+                count, pieces = sum(1 for x in ids_ if x), sum(map(len, ids_))
+                if count > MAX_PHRASES or pieces > MAX_PIECES:
+                    raise UserError(f"constraints of sentence {i + 1}: {count} phrases of {pieces} pieces, more than "
+                                    f"{MAX_PHRASES} phrases or {MAX_PIECES} pieces a sentence (each raises the "
+                                    "search's cost)")
+        if constraint_ids is not None and not cfg.sampling:
+            most = max((sum(1 for x in ids_ if x) for ids_ in constraint_ids), default=0)
+            if most and cfg.beam <= most:  # dynamic beam allocation shares the beam among the banks (Hu et al.)
+                log.warning("constraints with beam=%d: a beam narrower than its sentence's phrases + 1 (%d) has no "
+                            "room beside the banks that make progress, and output tends to place the phrases at "
+                            "once; use beam=%d or more", cfg.beam, most + 1, max(4, most + 1))
+        if prefix_ids is not None and not cfg.sampling:  # forced as encoded: an <unk> in it would be forced too
+            unk = self.tokenizer.sp.unk_id()
+            for i, (prefix, x) in enumerate(zip(prefixes, prefix_ids)):
+                if unk in x:
+                    raise UserError(f"prefix {prefix!r} of sentence {i + 1}: the model's vocabulary has no piece "
+                                    "for part of it (sentencepiece gives <unk>), so the output would begin with "
+                                    "\u2047 instead")
         if self.ct2 is not None:
             return self.ct2.hypotheses(ids, self.tokenizer, cfg, prefix_ids)
         return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
@@ -334,7 +353,8 @@ class Translator:
             if alignments:  # a multilingual model's tag is no source word: its pieces' columns are left out
                 skip = tag_pieces(x, self.tag_ids)
                 links = pharaoh(word_links(note.attention[:, skip:],
-                                           [sp.id_to_piece(t) for t in x[skip: cfg.max_source_len or None]], pieces))
+                                           [sp.id_to_piece(t) for t in x[skip: cfg.max_source_len or None]], pieces,
+                                           words_of_text(h.tokens, sp.decode)))
             out.append(Translation(text, h.score, pieces, steps, links, h.unmet))
         return out
 

@@ -29,6 +29,9 @@ class ServeArgs:
     max_lines: int = 64  # sentences in one request
     max_line_chars: int = 1000  # characters in one sentence
     max_beam: int = 8  # options.beam (and so nbest) in one request (422 past it)
+    # constraint phrases in one request (413 past it); a sentence may hold at most 16 phrases of 64 pieces in all
+    # (relmt.decode.constraints.MAX_PHRASES, MAX_PIECES): each phrase raises the search's cost
+    max_request_phrases: int = 64
     # translation requests in progress at once (their body being read, queued or decoding); past it 503 +
     # Retry-After. The health routes and the page are not counted, and idle or unfinished connections neither:
     # they are closed by the timeouts below and by uvicorn's 5 s keep-alive
@@ -75,8 +78,8 @@ def length_overrides(args: ServeArgs) -> dict:
 
 def check_args(args: ServeArgs) -> None:
     """Limits that would make the server refuse everything, or never refuse, are said at start."""
-    for key in ("max_body_bytes", "max_lines", "max_line_chars", "max_beam", "max_connections", "queue_size",
-                "max_batch_tokens"):
+    for key in ("max_body_bytes", "max_lines", "max_line_chars", "max_beam", "max_request_phrases", "max_connections",
+                "queue_size", "max_batch_tokens"):
         if getattr(args, key) < 1:
             raise UserError(f"{key}={getattr(args, key)}: must be >= 1")
     if args.queue_size < args.max_lines:

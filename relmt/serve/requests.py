@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, 
 
 from relmt.cli.common import closest
 from relmt.config import DecodeConfig
+from relmt.decode.constraints import MAX_PHRASES, MAX_PIECES
 from relmt.errors import UserError
 from relmt.serve.args import ServeArgs
 
@@ -206,7 +207,9 @@ def request_asks(body: TranslateBody, n: int, args: ServeArgs, decode: DecodeCon
             for j, phrase in enumerate(phrases):
                 name = f"{where}[{j}]"
                 if not isinstance(phrase, str):
-                    raise ApiError(422, f"{name}: must be a string (a target word or phrase)", name)
+                    shape = ("; \"text\" is one sentence, so \"constraints\" is a list of strings, e.g. [\"Katze\"] "
+                             "(a list of lists goes with a list of texts)" if single and isinstance(phrase, list) else "")
+                    raise ApiError(422, f"{name}: must be a string (a target word or phrase){shape}", name)
                 if not phrase.strip():
                     raise ApiError(422, f"{name}: an empty phrase; give the target words the output must contain",
                                    name)
@@ -224,14 +227,37 @@ def request_asks(body: TranslateBody, n: int, args: ServeArgs, decode: DecodeCon
     if args.engine == "ctranslate2" and constraints:
         raise ApiError(422, "constraints: this server runs engine=ctranslate2, which has no lexically constrained "
                        "search; constraints work on engine=torch, onnx and aoti", "constraints")
+    if constraints:  # each phrase raises the step limit and the constrained step's cost: bounded as the size is
+        for i, phrases in enumerate(constraints):
+            where = "constraints" if single else f"constraints[{i}]"
+            if len(phrases) > MAX_PHRASES:
+                raise ApiError(413, f"{where}: {len(phrases)} phrases, more than {MAX_PHRASES} a sentence", where)
+        total = sum(map(len, constraints))
+        if total > args.max_request_phrases:
+            raise ApiError(413, f"constraints: {total} phrases in the request, more than max_request_phrases="
+                           f"{args.max_request_phrases}", "constraints")
     if tokenizer is not None and constraints:
         named = [(f"constraints[{j}]" if single else f"constraints[{i}][{j}]", phrase)
                  for i, phrases in enumerate(constraints) for j, phrase in enumerate(phrases)]
         unk = tokenizer.sp.unk_id()
-        for (name, phrase), ids in zip(named, tokenizer.encode([phrase for _, phrase in named])):
+        encoded = tokenizer.encode([phrase for _, phrase in named])
+        for (name, phrase), ids in zip(named, encoded):
             if unk in ids:
                 raise ApiError(422, f"{name}: {phrase!r}: the model's vocabulary has no piece for part of it "
                                "(sentencepiece gives <unk>), so no output can hold it", name)
+        done = iter(encoded)
+        for i, phrases in enumerate(constraints):
+            pieces = sum(len(next(done)) for _ in phrases)
+            if pieces > MAX_PIECES:
+                where = "constraints" if single else f"constraints[{i}]"
+                raise ApiError(413, f"{where}: {pieces} pieces in all, more than {MAX_PIECES} a sentence", where)
+    if tokenizer is not None and prefixes:
+        unk = tokenizer.sp.unk_id()
+        for i, (p, ids) in enumerate(zip(prefixes, tokenizer.encode(list(prefixes)))):
+            name = "prefix" if single else f"prefix[{i}]"
+            if unk in ids:
+                raise ApiError(422, f"{name}: {p!r}: the model's vocabulary has no piece for part of it "
+                               "(sentencepiece gives <unk>), so the output would begin with \u2047", name)
     return Asks(prefixes, constraints, constraints is not None and body.constraints_order == "ordered",
                 body.alignments, body.token_scores)
 

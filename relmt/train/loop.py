@@ -333,6 +333,12 @@ def train(cfg: Config) -> dict:
     interrupted = False
     window = dict.fromkeys(WINDOW, 0.0)
     epoch_ids, batches, epoch_labels = epoch_batches(state.epoch)
+    if state.batch >= len(batches):  # a resumed epoch sampled anew (its stored pieces gone) cut into fewer batches
+        log.warning("resume: epoch %d now holds %d batches, fewer than the saved position %d (its pieces were "
+                    "sampled anew); training goes on from the start of epoch %d", state.epoch, len(batches),
+                    state.batch, state.epoch + 1)
+        state.epoch, state.batch = state.epoch + 1, 0
+        epoch_ids, batches, epoch_labels = epoch_batches(state.epoch)
     first_step, t_session = state.step, time.perf_counter()  # this session's updates, for the ETA
     with stop_signals() as received:
         while not finished(state, tcfg) and not interrupted:
@@ -397,7 +403,9 @@ def train(cfg: Config) -> dict:
                 state.wall_seconds = wall()
                 resume.save_checkpoints(ckpt_dir, names, model, optimizer, scaler, state, cfg, spm, dist,
                                         batch_source)
-                if resampler is not None:  # a resume from this checkpoint starts in state.epoch
+                # a resume starts from last.pt: earlier epochs' pieces go once it is of this epoch (best.pt alone
+                # does not move it; a step_N.pt fallback older than last.pt samples its epoch anew, with a warning)
+                if resampler is not None and "last.pt" in names:
                     resampler.forget_before(state.epoch)
     bar.close()
 
