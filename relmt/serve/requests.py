@@ -207,8 +207,9 @@ def request_asks(body: TranslateBody, n: int, args: ServeArgs, decode: DecodeCon
             for j, phrase in enumerate(phrases):
                 name = f"{where}[{j}]"
                 if not isinstance(phrase, str):
-                    shape = ("; \"text\" is one sentence, so \"constraints\" is a list of strings, e.g. [\"Katze\"] "
-                             "(a list of lists goes with a list of texts)" if single and isinstance(phrase, list) else "")
+                    nested = single and isinstance(phrase, list)
+                    shape = ("; \"text\" is one sentence, so \"constraints\" is a list of strings, e.g. "
+                             "[\"Katze\"] (a list of lists goes with a list of texts)" if nested else "")
                     raise ApiError(422, f"{name}: must be a string (a target word or phrase){shape}", name)
                 if not phrase.strip():
                     raise ApiError(422, f"{name}: an empty phrase; give the target words the output must contain",
