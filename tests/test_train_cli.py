@@ -343,3 +343,11 @@ def test_run_directories_below_the_working_directory_are_recorded_relative(tmp_p
     assert run_dir_label(str(tmp_path / "runs" / "a")) == os.path.join("runs", "a")
     elsewhere = str(tmp_path.parent / "other")
     assert run_dir_label(elsewhere) == elsewhere
+
+
+def test_a_corpus_past_the_lists_end_exits_2_with_how_to_add_one(tmp_path):
+    """Issue 69 §2.14: data.corpora.2.weight=3 on a two-corpus preset exited 1 with OmegaConf's "dict is not a
+    subclass of CorpusConfig"; it is a user error, and the message says how to add a corpus."""
+    done = cli(tmp_path, "run", "data=mix_m30k_europarl", "data.corpora.2.weight=3")
+    assert done.returncode == 2, done.stderr
+    assert "write the list in a data YAML of your own" in done.stderr

@@ -80,6 +80,9 @@ def format_error(e: BaseException) -> str:
             messages.append(text)
         # `raise ... from None` sets __suppress_context__: the context is then not part of the story
         e = e.__cause__ if e.__cause__ is not None else (None if e.__suppress_context__ else e.__context__)
+    if any("is not a subclass of CorpusConfig" in m for m in messages):  # data.corpora.N.key=... past the list
+        messages.append("data.corpora.N.key=value changes a corpus the data config already lists; to add one, write "
+                        "the list in a data YAML of your own (docs/data.md, \"Your own corpora in a data YAML\")")
     return "\n  ".join(messages)
 
 

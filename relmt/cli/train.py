@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 
 from relmt.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR, closest, format_error
@@ -183,6 +184,15 @@ def main() -> None:
         print(f"relmt-train: error: {'; '.join(problems)}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     register_configs()
+    if any(re.match(r"data\.corpora\.\d+\.", a) for a in sys.argv[1:]):  # a corpus the list may not hold
+        from relmt.config import compose
+
+        try:
+            compose([a for a in sys.argv[1:] if "=" in a and not a.startswith(("hydra", "-"))])
+        except Exception as e:  # noqa: BLE001 -- only the list's own error is said here; Hydra says the rest
+            if "is not a subclass of CorpusConfig" in format_error(e):
+                print(f"relmt-train: error: {format_error(e)}", file=sys.stderr)
+                sys.exit(EXIT_USER_ERROR)
     remember_run_dirs(sys.argv[1:])
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: one run directory for all ranks
         if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
