@@ -85,7 +85,7 @@ def test_compile_without_torch_212s_per_function_limits(monkeypatch):
         return fn
 
     monkeypatch.setattr(torch, "compile", old_compile)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     models = [build_model(model_config(), 40, 0) for _ in range(2)]
-    compiled_module.compile_decoding(Ensemble(models))
-    assert len(calls) == 2 and torch._dynamo.config.recompile_limit == 2 * compiled_module.GRAPHS_PER_MODEL
+    with torch._dynamo.config.patch(recompile_limit=8):  # put back after (monkeypatch would delete the key)
+        compiled_module.compile_decoding(Ensemble(models))
+        assert len(calls) == 2 and torch._dynamo.config.recompile_limit == 2 * compiled_module.GRAPHS_PER_MODEL
