@@ -255,3 +255,14 @@ def test_each_position_kind_gets_its_training_speed_and_the_cpu_it_ran_on(tmp_pa
     assert "| abs | 2 | 3,500 ± 707 | 1 | CPU A (1); CPU B (1) |" in section
     assert "| rope | 1 | 5,000 ± 0 | 1 | not recorded (1) |" in section
     assert "| rel |" not in section.split("\n\n##")[0]
+
+
+def test_a_list_of_corpora_is_flattened_into_cells_of_its_own():
+    """Issue 69 §2.13: relmt-report put the whole data.corpora JSON (the toy generator's settings too) in one cell."""
+    from relmt.report.runs import flatten
+
+    flat = flatten({"data": {"corpora": [{"name": "a", "weight": 1.0, "splits": {"train": "t"}},
+                                         {"name": "b", "weight": 3.0}], "splits": {"train": "train"}}},
+                   leaves=("splits",))
+    assert flat == {"data.corpora.0.name": "a", "data.corpora.0.weight": 1.0, "data.corpora.0.splits": {"train": "t"},
+                    "data.corpora.1.name": "b", "data.corpora.1.weight": 3.0, "data.splits": {"train": "train"}}

@@ -149,9 +149,12 @@ def settings(cfg: dict) -> tuple[tuple[str, str], ...]:
 
 
 def flatten(cfg: dict, prefix: str = "", leaves: tuple[str, ...] = ()) -> dict[str, object]:
-    """{"model.d_model": 512, ...}: nested dicts as dotted keys, but for the keys in `leaves` (kept whole)."""
+    """{"model.d_model": 512, ...}: nested dicts as dotted keys, and lists of them by index (data.corpora.0.name: a
+    corpus's settings are cells of their own, not one cell of JSON), but for the keys in `leaves` (kept whole)."""
     out: dict[str, object] = {}
     for k, v in cfg.items():
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and k not in leaves:
+            v = {str(i): x for i, x in enumerate(v)}
         nested = isinstance(v, dict) and k not in leaves
         out.update(flatten(v, f"{prefix}{k}.", leaves) if nested else {f"{prefix}{k}": v})
     return out
