@@ -94,18 +94,24 @@ def test_pieces_stored_by_another_run_are_sampled_anew_and_a_missing_epoch_is_sa
     assert rows(other.stored(0), "src") == rows(resample(ids, tok, 0.3, -1, 2, 0), "src")  # stored for seed 2 now
 
 
+def resumed_in_a_new_process(tmp_path, monkeypatch, common: tuple[str, ...]) -> tuple[dict, dict]:
+    """Resume run "split" to 8 updates as a new process would, whose sentencepiece samples other pieces than
+    the first process's; the training records of "full" and "split"."""
+    with monkeypatch.context() as m:
+        real = regularise.resample
+        m.setattr(regularise, "resample", lambda data, tok, alpha, nbest, seed, epoch:
+                  real(data, tok, alpha, nbest, seed + 100, epoch))
+        loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", "train.resume=true", *common))
+    return train_records(tmp_path / "full"), train_records(tmp_path / "split")
+
+
 def test_a_resumed_run_with_sampled_pieces_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     """12 training pairs: several epochs in 8 updates, each with its own sampled pieces."""
     common = ("data.toy.n_train=12", "data.spm_alpha=0.2", "data.spm_model_type=bpe", "data.vocab_size=300",
               "train.save_every=4", "train.eval_every=4", "train.valid_bleu=false")
     loop_module.train(tiny_config(tmp_path, "full", "train.max_steps=8", *common))
     loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=4", *common))
-    with monkeypatch.context() as m:  # the resume is a new process: sentencepiece would sample other pieces
-        real = regularise.resample
-        m.setattr(regularise, "resample", lambda data, tok, alpha, nbest, seed, epoch:
-                  real(data, tok, alpha, nbest, seed + 100, epoch))
-        loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", "train.resume=true", *common))
-    a, b = train_records(tmp_path / "full"), train_records(tmp_path / "split")
+    a, b = resumed_in_a_new_process(tmp_path, monkeypatch, common)
     assert max(r["epoch"] for r in a.values()) >= 2
     assert [a[s]["loss"] for s in range(1, 9)] == [b[s]["loss"] for s in range(1, 9)]
     wa, wb = (checkpoint.load(tmp_path / run / "checkpoints/last.pt")["model"] for run in ("full", "split"))
@@ -171,12 +177,7 @@ def test_saving_best_alone_keeps_the_pieces_a_resume_from_last_needs(tmp_path, m
         m.setattr(loop_module, "train_step", killed)
         with pytest.raises(SystemExit):
             loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", *common))
-    with monkeypatch.context() as m:  # the resume is a new process: sentencepiece would sample other pieces
-        real = regularise.resample
-        m.setattr(regularise, "resample", lambda data, tok, alpha, nbest, seed, epoch:
-                  real(data, tok, alpha, nbest, seed + 100, epoch))
-        loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=8", "train.resume=true", *common))
-    a, b = train_records(tmp_path / "full"), train_records(tmp_path / "split")
+    a, b = resumed_in_a_new_process(tmp_path, monkeypatch, common)
     assert [a[s]["loss"] for s in range(1, 9)] == [b[s]["loss"] for s in range(1, 9)]
 
     last = tmp_path / "split/checkpoints/last.pt"
