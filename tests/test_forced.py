@@ -200,3 +200,20 @@ def test_allocate_takes_the_banks_in_turn_most_met_first():
 def test_unique_keeps_the_first_of_each_row_and_token():
     rows, tokens = torch.tensor([[0, 1, 0, 0, 1]]), torch.tensor([[5, 5, 5, 6, 5]])
     assert unique(rows, tokens, 10).tolist() == [[True, True, False, True, False]]
+
+
+def test_a_search_stops_when_asked_before_a_step():
+    """Issue 69 defect 3: relmt-serve stops a batch whose clients all left. stop() is asked before each step; the
+    sentences unfinished then get no hypotheses, and a stop that never says True changes nothing."""
+    model, (src, _) = model64(), batch()
+    asked = []
+
+    def stop_after_two():
+        asked.append(1)
+        return len(asked) > 2
+
+    constraints = [[[31, 32]], [[17]], []]
+    plain = search(model, src, constraints=constraints)
+    assert search(model, src, constraints=constraints, stop=lambda: False) == plain
+    stopped = search(model, src, constraints=constraints, stop=stop_after_two)
+    assert len(asked) == 3 and stopped == [[], [], []]

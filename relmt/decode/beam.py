@@ -27,7 +27,7 @@ says (relmt.decode.search.nbest_search).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -266,7 +266,7 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
                 out_weight: Tensor | tuple | None = None, length_norm: LengthNorm | str = LengthNorm.gnmt,
                 prefixes: Sequence[Sequence[int]] | None = None,
                 constraints: Sequence[Sequence[Sequence[int]]] | None = None, ordered: bool = False,
-                ) -> list[list[Hypothesis]]:
+                stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses of each source row of src (B, S), best first, ranked by log-probability
     over length_penalty(|y|, lenpen, length_norm). `out_weight` is
     the output weight padded with zero rows for a faster CPU GEMM (relmt.decode.search.output_weight),
@@ -276,7 +276,9 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
     step and beam_step in one call of its `search_step`.
 
     prefixes[i]: the ids row i's output begins with; constraints[i]: id sequences its output must contain, in
-    that order if `ordered` (relmt/decode/constraints.py). Without either the search is the plain one."""
+    that order if `ordered` (relmt/decode/constraints.py). Without either the search is the plain one. `stop`, asked
+    before each step: True ends the search there, the unfinished sentences without hypotheses (relmt-serve: every
+    client of the batch left)."""
     k, pad_id = beam, model.pad_id
     rules = Rules(eos_id, torch.tensor([pad_id, bos_id], device=src.device), min_len, lenpen, length_norm,
                   EosCandidates(eos_candidates) == EosCandidates.t2t, early_stop)
@@ -296,6 +298,8 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     cache = None
     for t in range(int(beams.limit.max())):
+        if stop is not None and stop():
+            break
         if fused:
             beams, done, cache = model.search_step(beams, memory, src_mask, cache, rules)
         else:

@@ -12,7 +12,7 @@ The model is a `Transformer` or an `Ensemble` of them (relmt/decode/ensemble.py)
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ def nbest_search(model: Transformer | Ensemble, src: Tensor, cfg: DecodeConfig,
                  out_weight: Tensor | tuple | None = None, lines: Tensor | None = None,
                  prefixes: Sequence[Sequence[int]] | None = None,
                  constraints: Sequence[Sequence[Sequence[int]]] | None = None, ordered: bool = False,
-                 ) -> list[list[Hypothesis]]:
+                 stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
     """The cfg.nbest best hypotheses (ids and score) of each row of src (B, S), best first.
 
     Beam 1 is greedy decoding: a beam of one that only lets an EOS ranked first finish (fairseq's
@@ -74,7 +74,7 @@ def nbest_search(model: Transformer | Ensemble, src: Tensor, cfg: DecodeConfig,
                        nbest=cfg.nbest, early_stop=cfg.early_stop or greedy, min_len=cfg.min_len,
                        eos_candidates=EosCandidates.fairseq if greedy else cfg.eos_candidates,
                        out_weight=out_weight, length_norm=cfg.length_norm, prefixes=prefixes,
-                       constraints=constraints, ordered=ordered)
+                       constraints=constraints, ordered=ordered, stop=stop)
 
 
 def capped_lengths(sources: Sequence[np.ndarray | list[int]], cap: int, name: str, first_line: int) -> np.ndarray:
@@ -94,8 +94,9 @@ def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray |
                    device: torch.device, autocast_dtype: torch.dtype | None = None, name: str = "input",
                    first_line: int = 1, progress: bool = False, prefixes: Sequence[Sequence[int]] | None = None,
                    constraints: Sequence[Sequence[Sequence[int]]] | None = None, ordered: bool = False,
-                   ) -> list[list[Hypothesis]]:
-    """The cfg.nbest hypotheses of each source, in input order; [] for an empty source.
+                   stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
+    """The cfg.nbest hypotheses of each source, in input order; [] for an empty source (and for the sources left
+    when `stop()` says True, asked before each batch and each beam-search step).
 
     sources: token ids without EOS (appended here). A source longer than cfg.max_source_len tokens
     is cut to its first max_source_len, with a warning naming it as line `first_line + i` of
@@ -118,6 +119,8 @@ def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray |
         # longest first, B x (longest source + EOS) <= max_source_tokens; a longer source alone
         batches = token_batches((lens[todo] + 1,), cfg.max_source_tokens, cfg.max_sentences)
         for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
+            if stop is not None and stop():
+                break
             index = todo[batch]
             src = np.full((len(index), lens[index].max() + 1), PAD_ID, dtype=np.int64)  # (B, S): ids, EOS, PAD
             for row, i in enumerate(index):
@@ -128,7 +131,8 @@ def decode_sources(model: Transformer | Ensemble, sources: Sequence[np.ndarray |
                 hyps = nbest_search(model, torch.from_numpy(src).to(device), cfg, weight,
                                     torch.from_numpy(index + first_line),
                                     [prefixes[i] for i in index] if prefixes is not None else None,
-                                    [constraints[i] for i in index] if constraints is not None else None, ordered)
+                                    [constraints[i] for i in index] if constraints is not None else None, ordered,
+                                    stop)
             for i, h in zip(index, hyps):
                 results[i] = h
     finally:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -237,12 +237,14 @@ class Translator:
 
     def hypotheses(self, sentences: list[str], progress: bool = False, name: str = "input", first_line: int = 1,
                    prefixes: Sequence[str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
-                   ordered: bool = False, tgt_lang: str | None = None, **decode: object) -> list[list[Hypothesis]]:
+                   ordered: bool = False, tgt_lang: str | None = None, stop: Callable[[], bool] | None = None,
+                   **decode: object) -> list[list[Hypothesis]]:
         """The `nbest` hypotheses (output ids and score) of each sentence; [] for an empty line.
         Sentence i is line first_line + i of `name` in the warning about a truncated source.
         prefixes[i]: target text sentence i's output begins with; constraints[i]: target words or phrases it
         must contain, in that order if `ordered` (relmt/decode/constraints.py); `tgt_lang`: the target language
-        of a multilingual model (`tagged`)."""
+        of a multilingual model (`tagged`); `stop()`, asked before each search step, ends the decoding when True
+        (the sentences left get no hypotheses: relmt-serve stops a batch whose clients all left)."""
         cfg = replace(self.decode, **decode)
         ids = self._encode(self.tagged(self._texts(sentences, "sentences"), tgt_lang), "sentences")
         prefix_ids = self._encode(prefixes, "prefixes", len(sentences)) if prefixes is not None else None
@@ -284,7 +286,7 @@ class Translator:
             return self.ct2.hypotheses(ids, self.tokenizer, cfg, prefix_ids)
         return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
                               first_line=first_line, progress=progress, prefixes=prefix_ids,
-                              constraints=constraint_ids, ordered=ordered)
+                              constraints=constraint_ids, ordered=ordered, stop=stop)
 
     @staticmethod
     def _texts(texts: Sequence[str] | str, what: str) -> Sequence[str]:

@@ -322,7 +322,8 @@ class Batcher:
             self.translator.decode = batch[0].decode  # this thread alone uses the translator
             hyps = self.translator.hypotheses(sentences, prefixes=prefixes if any(prefixes) else None,
                                               constraints=constraints if any(constraints) else None,
-                                              ordered=batch[0].asks.ordered)
+                                              ordered=batch[0].asks.ordered,
+                                              stop=lambda: all(job.cancelled for job in batch))  # every client left
             results = annotate(self.translator, batch[0].decode, [(j, i, hs) for (j, i), hs in zip(owners, hyps)])
         except Exception as e:
             log.exception("a batch of %d requests (%d sentences) failed", len(batch), len(sentences))
