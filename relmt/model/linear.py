@@ -82,8 +82,13 @@ def bound_onednn_caches() -> dict[str, str]:
 
 def _onednn(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """x (M, K) times w (N, K) transposed, plus b: (M, N), by oneDNN. x is read as contiguous rows; w may be any
-    view, a transposed one included (oneDNN reorders its weight operand into its own layout anyway)."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
+    view, a transposed one included (oneDNN reorders its weight operand into its own layout anyway), but for a
+    broadcast one (`_dense`)."""
+    return _pointwise(x.contiguous(), _dense(w), b)
+
+
+def _pointwise(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
 class _OneDnnLinear(torch.autograd.Function):
@@ -100,7 +105,6 @@ class _OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
-        g = _dense(g)
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
         if torch.is_grad_enabled():  # create_graph=True: torch's differentiable products, for double backward
             dx = g.matmul(w) if ctx.needs_input_grad[0] else None
@@ -115,7 +119,8 @@ class _OneDnnLinear(torch.autograd.Function):
 def _dense(t: Tensor) -> Tensor:
     """t with its broadcast (stride-0) dimensions written out. A loss that reduces a linear map's output directly
     (`.sum()`, `.mean()`) hands backward an expanded gradient, and oneDNN given one as its weight operand took about
-    750x longer ((4096, 512): 25 s against 0.03 s; scripts/bench/bench_linear_grad.py)."""
+    750x longer (issue 69's review: 25 s against 0.03 s at (4096, 512); scripts/bench/bench_linear_grad.py measures
+    the two now)."""
     return t.contiguous() if t.numel() > 1 and 0 in t.stride() else t
 
 
@@ -165,17 +170,17 @@ def _plain_cpu_float32(*ts: Tensor) -> bool:
 # layer): no autograd, oneDNN on CPU float32 where `cpu_gemm()` says so, torch's matmul elsewhere.
 def product(x: Tensor, w: Tensor) -> Tensor:
     """x (M, K) w (N, K)^T: the forward product, (M, N)."""
-    return _onednn(_dense(x), _dense(w)) if _plain_cpu_float32(x, w) else x @ w.t()
+    return _onednn(x, w) if _plain_cpu_float32(x, w) else x @ w.t()
 
 
 def input_grad(g: Tensor, w: Tensor) -> Tensor:
     """g (M, N) w (N, K): the gradient of the input, (M, K)."""
-    return _onednn(_dense(g), _dense(w).t()) if _plain_cpu_float32(g, w) else g @ w
+    return _onednn(g, w.t()) if _plain_cpu_float32(g, w) else g @ w
 
 
 def weight_grad(x: Tensor, g: Tensor) -> Tensor:
     """g (M, N)^T x (M, K): the gradient of the weight, (N, K)."""
-    return _weight_grad(_dense(x), _dense(g)) if _plain_cpu_float32(x, g) else g.t() @ x
+    return _weight_grad(x, g) if _plain_cpu_float32(x, g) else g.t() @ x
 
 
 class Linear(nn.Linear):

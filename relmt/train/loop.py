@@ -44,7 +44,7 @@ from relmt.data.dataset import Corpus, SplitIds, prepare
 from relmt.data.regularise import Resampler
 from relmt.data.tokenizer import PAD_ID
 from relmt.errors import UserError
-from relmt.model import linear
+from relmt.model import linear, routes
 from relmt.model.transformer import build_model
 from relmt.train import distributed, finish, init, resume
 from relmt.train.optim import build_optimizer, learning_rate
@@ -222,6 +222,7 @@ def train(cfg: Config) -> dict:
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # only rank 0 logs and saves
     amp = runtime.autocast_dtype(tcfg.precision, dist.device, "train.precision")  # fails before the data work
+    routes.report(reset=True)  # metrics.json names the routes this run took (a sweep runs jobs in one process)
     if tcfg.num_threads:
         torch.set_num_threads(tcfg.num_threads)
     runtime.tune_cpu()
