@@ -33,13 +33,21 @@ def cli(tmp_path: Path, run: str, *overrides: str, **kw) -> subprocess.Completed
 
 
 def torchrun(tmp_path: Path, run: str, *overrides: str) -> subprocess.CompletedProcess:
-    """relmt-train as `cli` runs it, on two gloo ranks under torchrun, one thread each."""
+    """relmt-train as `cli` runs it, on two gloo ranks under torchrun, one thread each, over the loopback interface
+    (gloo otherwise takes the address the host name resolves to, which a sandbox may not route). A rank that waits
+    in a collective gives up after train.dist_timeout_minutes=3 with gloo's message naming it, and a run that
+    still does not end fails with the tail of its log: a hang says where it hangs (one did once in CI, silently)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", RELMT_TRAIN,
-         *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / run}", *overrides],
-        capture_output=True, text=True, timeout=600, env=env)
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONFAULTHANDLER="1")
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", RELMT_TRAIN,
+            *TINY, f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / run}",
+            "train.dist_timeout_minutes=3", *overrides]
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=420, env=env)
+    except subprocess.TimeoutExpired as e:
+        tails = [(x.decode(errors="replace") if isinstance(x, bytes) else x or "")[-3000:]
+                 for x in (e.stdout, e.stderr)]
+        pytest.fail(f"torchrun did not end in 420 s\nstdout tail:\n{tails[0]}\nstderr tail:\n{tails[1]}")
 
 
 def start(tmp_path: Path, run: str, *overrides: str) -> subprocess.Popen:
