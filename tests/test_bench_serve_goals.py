@@ -20,6 +20,23 @@ def test_goals_give_the_ratios_and_the_little_floor():
     # 32 clients at 100 sentences/s wait 0.32 s on average: 8 times the 1-client p50 of 0.04 s
     assert rows["its floor at this throughput: 32 ÷ (sentences/s at 32 × 1 client p50)"] == "8.00"
     assert rows["errors at 128 clients"] == "0"
+    echo = {1: level(900.0, 0.0008, 0.002)}
+    rows = {goal: measured for goal, _, measured in bs.goals(levels, ref, echo=echo)}
+    assert rows["the server's own floor (echo translator), 1 client p50"] == "0.80 ms"
+
+
+def test_the_echo_server_answers_each_sentence_with_itself_over_relmt_serves_http_path(tmp_path):
+    """scripts/bench/serve_echo.py: relmt-serve's process with the search replaced by an echo (the server's floor)."""
+    from tests.test_serve import Server, ckpt_for
+
+    server = Server(ckpt_for(tmp_path), tmp_path / "echo.log", program=(str(bs.ROOT / "scripts/bench/serve_echo.py"),))
+    try:
+        text = ["the cat sat on the mat", "a dog"]
+        r = server.client.post("/v1/translate", json={"text": text})
+        assert r.status_code == 200, r.text
+        assert r.json()["translations"] == text
+    finally:
+        server.stop()
 
 
 def test_the_references_decode_what_the_levels_send():

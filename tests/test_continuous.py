@@ -65,10 +65,13 @@ def test_sentences_joining_a_running_search_get_what_they_get_alone(mode, float6
 @pytest.mark.parametrize("options", [dict(beam=1), dict(beam=2, eos_candidates="fairseq"), dict(min_len=4, nbest=2),
                                      dict(early_stop=True, lenpen=1.0), dict(length_norm="power", lenpen=1.0)],
                          ids=["greedy", "fairseq", "min_len", "early_stop", "power"])
-def test_every_search_option_holds_when_joining(options, float64):
+@pytest.mark.parametrize("on", ["model", "search graph"])
+def test_every_search_option_holds_when_joining(options, on, float64):
+    """On the model (beam_step in Python with each sentence's step count) and on an engine's search graph (the same
+    step in one call, the settings as its inputs)."""
     model = make("rel")
     cfg = replace(DecodeConfig(beam=3, max_len_a=1.0, max_len_b=4), **options)
-    out = run_schedule(model, cfg, {0: [0, 4], 1: [1], 5: [2, 3]})
+    out = run_schedule(model if on == "model" else EagerGraphs(model), cfg, {0: [0, 4], 1: [1], 5: [2, 3]})
     for i, hyps in out.items():
         want = alone(model, SOURCES[i], cfg)
         assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"
@@ -117,9 +120,24 @@ def test_an_engines_graphs_join_as_the_model_does(mode, float64):
     cfg = DecodeConfig(beam=3, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4)
     assert continuous.supports(graphs, cfg)
     out = run_schedule(graphs, cfg, {0: [0], 2: [1, 2], 3: [3], 12: [4]})
-    # the first steps, with sentence 0 alone from slot 0, run the search graph as beam_search does; then the step
-    # graph with the starts of the sentences that joined later
-    assert graphs.calls["step"] > 0 and graphs.calls["search"] > 0
+    # every step, before and after the late joiners, is one call of the search graph with the sentences' starts
+    # (issue 70): the step graph and beam_step in Python are not called
+    assert graphs.calls["search"] > 0 and graphs.calls["step"] == 0
+    for i, hyps in out.items():
+        want = alone(model, SOURCES[i], cfg)
+        assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-9)
+
+
+def test_an_engine_without_a_search_graph_joins_through_its_step_graph(float64):
+    """engine=onnx has a step graph and no search graph: each step is the step graph with the starts, and beam_step
+    in Python with each sentence's own step count."""
+    model = make("rel")
+    graphs = EagerGraphs(model)
+    graphs.run_search = None
+    cfg = DecodeConfig(beam=3, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=4, min_len=2)
+    out = run_schedule(graphs, cfg, {0: [0], 2: [1, 2], 3: [3], 12: [4]})
+    assert graphs.calls["step"] > 0 and graphs.calls["search"] == 0
     for i, hyps in out.items():
         want = alone(model, SOURCES[i], cfg)
         assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"

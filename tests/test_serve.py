@@ -37,10 +37,13 @@ START_S = 90  # a bound on a server's start (python, torch and the model), loade
 LIMITS = ["max_lines=8", "max_line_chars=200", "max_body_bytes=4096", "max_beam=6"]
 
 
+def ckpt_for(directory: Path) -> Path:
+    return write_checkpoint(directory, "tiny.pt", toy_tokenizer(directory), seed=1)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("serve")
-    return write_checkpoint(directory, "tiny.pt", toy_tokenizer(directory), seed=1)
+    return ckpt_for(tmp_path_factory.mktemp("serve"))
 
 
 def server_env(key: str | None = None) -> dict[str, str]:
@@ -54,10 +57,11 @@ def server_env(key: str | None = None) -> dict[str, str]:
 class Server:
     """`python -m relmt.serve` on 127.0.0.1 port=0: its process, its URL (read from the line it prints)."""
 
-    def __init__(self, ckpt: Path, log: Path, *args: str, key: str | None = None) -> None:
+    def __init__(self, ckpt: Path, log: Path, *args: str, key: str | None = None,
+                 program: tuple[str, ...] = ("-m", "relmt.serve")) -> None:
         self.log = log
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relmt.serve", f"checkpoint={ckpt}", "host=127.0.0.1",
+            self.proc = subprocess.Popen([sys.executable, *program, f"checkpoint={ckpt}", "host=127.0.0.1",
                                           "port=0", *args], stdout=out, stderr=subprocess.STDOUT,
                                          env=server_env(key), cwd=Path(__file__).parent.parent)
         self.url = self.wait_for_url()

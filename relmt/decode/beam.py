@@ -210,17 +210,26 @@ class Beams:
                      self.forced.keep(sentences) if self.forced is not None else None)
 
 
-def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[Beams, Tensor, Tensor]:
+def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int, steps: Tensor | None = None,
+              ) -> tuple[Beams, Tensor, Tensor]:
     """One step of the search (see the module's docstring) from the logits (m*K, V) of the beams' next token.
     Returns the beams after it, the row of the step's hypotheses each new live beam continues ((m*K,), for
     cache.select), and which sentences are done ((m,) bool). With `beams.forced`, prefixes and constraints
-    shape the candidates (relmt/decode/constraints.py); without, the step is exactly the plain one."""
+    shape the candidates (relmt/decode/constraints.py); without, the step is exactly the plain one.
+
+    steps: (m,) the steps each sentence has taken, where sentences joined the search at different slots
+    (continuous batching, relmt/decode/continuous.py: a sentence's tokens then hold padding before its BOS); None:
+    every sentence began with the search, at t = the tokens' width - 1. The EOS ban before min_len, the step limit
+    and the length penalty read each sentence's own count, so a sentence gets the step it gets alone."""
     m, k = beams.alive.shape
     t = beams.tokens.shape[1] - 1
     f = beams.forced
-    early = t < rules.min_len  # a bool; a 0-d tensor on the device in a compiled step, whose min_len is an input
+    if steps is not None and f is not None:
+        raise ValueError("beam_step: prefixes and constraints are decoded from a common start (steps=None)")
+    own = t if steps is None else steps  # each sentence's step count: an int (symbolic in a graph) or (m,)
+    early = own < rules.min_len  # a bool; a tensor on the device in a compiled step (min_len an input) or with steps
     # EOS banned in every row before min_len: filled on the logits' device (a CPU mask fails on CUDA)
-    eos_early = early.expand(m * k) if isinstance(early, Tensor) else torch.full(
+    eos_early = early.reshape(-1, 1).expand(m, k).reshape(m * k) if isinstance(early, Tensor) else torch.full(
         (m * k,), early, dtype=torch.bool, device=logits.device)
     logits, alive, lse = logits.float(), beams.alive, None
     if f is not None:
@@ -232,7 +241,7 @@ def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[
         if forcing.inside_prefix(f, t).any():
             alive, lse = forcing.force_prefix(logits, alive, f, t), None  # the masked rows' own normaliser
     cand, origin, token = step_candidates(logits, alive, rules.banned, 2 * k, (eos_early, rules.eos_id), lse)
-    last = (t + 1 >= beams.limit)[:, None]
+    last = (own + 1 >= beams.limit)[:, None]
     keep, finishing = live_and_finishing(cand, token, last, rules.eos_id, rules.t2t)
     if f is not None and f.constrained:
         cand, origin, token, progress, keep, finishing, unmet = forcing.select(
@@ -240,7 +249,10 @@ def beam_step(logits: Tensor, beams: Beams, rules: Rules, pad_id: int) -> tuple[
     n = cand.shape[1]  # 2K candidates, and with constraints the extra ones
     rows = torch.arange(m, device=cand.device)[:, None] * k + origin  # (m, N) rows of `tokens`
     seqs = torch.cat((beams.tokens[rows.view(-1), 1:].view(m, n, t), token[:, :, None]), dim=2)
-    normalised = cand / length_penalty(t + 1, rules.lenpen, rules.norm)  # t + 1: an int, or symbolic in a graph
+    if steps is None:
+        normalised = cand / length_penalty(t + 1, rules.lenpen, rules.norm)  # t + 1: an int, or symbolic in a graph
+    else:  # each sentence's penalty, in float64 and then in the scores' precision, as the int's above
+        normalised = cand / length_penalty((steps + 1).double(), rules.lenpen, rules.norm).to(cand.dtype)[:, None]
     pool_tokens = torch.cat((beams.pool_tokens, beams.pool_tokens.new_full((m, k, 1), pad_id)), dim=2)
     if f is not None and f.constrained:
         pool_scores, pool_tokens, pool_unmet = merge_finished(

@@ -16,34 +16,25 @@ The same runs on an engine's graphs (relmt/export/graphs.py's GraphModel: engine
 step graph takes the rows' starts as an input, its memory holds the cross-attention keys and values and its cache
 the self-attention ones, which `join` and `trim` extend and cut as they do a Transformer's.
 
-Each step is `relmt.decode.beam.beam_search`'s loop body with a step count per sentence: the same
-candidates, EOS rules (t2t or fairseq), pools, stopping rule and length penalty, so a sentence decoded
-here gets the hypotheses it gets alone (tests/test_continuous.py, float64: the same tokens; the scores
-agree to rounding, since the padding changes the order of the sums).
+Each step is `relmt.decode.beam.beam_step`, beam_search's own, given each sentence's step count (the slot less
+its start): the same candidates, EOS rules (t2t or fairseq), pools, stopping rule and length penalty, so a
+sentence decoded here gets the hypotheses it gets alone (tests/test_continuous.py, float64: the same tokens; the
+scores agree to rounding, since the padding changes the order of the sums). On an engine with a search graph
+(aoti) the decoder step and beam_step are one call with the starts as an input, whoever has joined (issue 70); the
+rules are made once per search and kept in `Running`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from relmt.config import DecodeConfig, EosCandidates
-from relmt.decode.beam import (
-    Beams,
-    Hypothesis,
-    Rules,
-    can_stop,
-    finished_hypotheses,
-    length_penalty,
-    live_and_finishing,
-    max_lengths,
-    merge_finished,
-    step_candidates,
-)
+from relmt.decode.beam import Beams, Hypothesis, Rules, beam_step, finished_hypotheses, max_lengths
 from relmt.model.cache import DecoderCache, LayerCache
 from relmt.model.positions import Rotary
 from relmt.model.transformer import Transformer
@@ -74,6 +65,7 @@ class Running:
     memory: Tensor  # (n, S, d_model); an engine's GraphMemory: the cross keys and values
     src_mask: Tensor  # (n, S)
     cache: DecoderCache  # an engine's GraphCache: the self-attention keys and values alone
+    rules: Rules | None = None  # the search's rules, made at its first step and kept (they do not change)
 
 
 @torch.no_grad()
@@ -120,7 +112,7 @@ def join(run: Running | None, new: Running, pad_id: int) -> Running:
     return Running(run.keys + new.keys, torch.cat((run.tokens, tokens)), torch.cat((run.starts, new.starts + slot)),
                    torch.cat((run.alive, new.alive)), torch.cat((run.pool_scores, new.pool_scores)),
                    torch.cat((run.pool_tokens, pool)), torch.cat((run.limit, new.limit)), memory,
-                   torch.cat((wide(run.src_mask, 1, False), wide(new.src_mask, 1, False))), cache)
+                   torch.cat((wide(run.src_mask, 1, False), wide(new.src_mask, 1, False))), cache, run.rules)
 
 
 @torch.no_grad()
@@ -129,53 +121,43 @@ def advance(model: Transformer, run: Running, cfg: DecodeConfig, bos_id: int, eo
     """One step of every sentence: the state after it (None when no sentence is left) and the
     sentences that finished, each with its cfg.nbest hypotheses, best first."""
     k, pad_id = cfg.beam, model.pad_id
-    greedy = k == 1  # as relmt.decode.search.nbest_search: fairseq's EOS rule, stopping at the first finished
-    t2t = not greedy and EosCandidates(cfg.eos_candidates) == EosCandidates.t2t
-    early_stop = cfg.early_stop or greedy
+    rules = run.rules if run.rules is not None else rules_of(cfg, pad_id, bos_id, eos_id, run.tokens.device)
     slot = run.tokens.shape[1] - 1
-    t = slot - run.starts  # (n,) steps each sentence has taken
-    # while every sentence began at slot 0 (one decoded alone, say), the step needs no mask of empty slots
-    rows_start = run.starts.repeat_interleave(k) if bool(run.starts.any()) else None
-    n, device = run.alive.shape[0], run.tokens.device
-    banned = torch.tensor([pad_id, bos_id], device=device)
-    rules = Rules(eos_id, banned, cfg.min_len, cfg.lenpen, cfg.length_norm, t2t, early_stop)
-    if rows_start is None and out_weight is None and getattr(model, "searches", None) is not None and \
-            model.searches(rules):
-        # every sentence began at slot 0, so each one's step count is the slot: the step is beam_search's, and an
-        # engine with a search graph (relmt/export/graphs.py) runs it and the decoder step in one call, as offline
-        beams, done, cache = model.search_step(Beams(run.tokens, run.alive, run.pool_scores, run.pool_tokens,
-                                                     run.limit), run.memory, run.src_mask, run.cache, rules)
-        tokens, alive, pool_scores, pool_tokens = beams.tokens, beams.alive, beams.pool_scores, beams.pool_tokens
+    beams = Beams(run.tokens, run.alive, run.pool_scores, run.pool_tokens, run.limit)
+    if out_weight is None and getattr(model, "searches", None) is not None and model.searches(rules):
+        # an engine's search graph (relmt/export/graphs.py) runs the decoder step and beam_step for every sentence
+        # from its own start in one call, as offline: no step of the search in Python (issue 70)
+        beams, done, cache = model.search_step(beams, run.memory, run.src_mask, run.cache, rules, starts=run.starts)
     else:
+        # while every sentence began at slot 0 (one decoded alone, say), the step needs no mask of empty slots
+        starts = run.starts.repeat_interleave(k) if bool(run.starts.any()) else None
         logits, cache = model.decode_step(run.tokens[:, -1], run.memory, run.src_mask, run.cache, step=slot,
-                                          out_weight=out_weight, starts=rows_start)
-        row_ban = ((t < cfg.min_len).repeat_interleave(k), eos_id) if cfg.min_len else None
-        cand, origin, token = step_candidates(logits.float(), run.alive, banned, 2 * k, row_ban)  # (n, 2K)
-
-        last = (t + 1 >= run.limit)[:, None]
-        keep, finishing = live_and_finishing(cand, token, last, eos_id, t2t)
-        rows = torch.arange(n, device=device)[:, None] * k + origin
-        seqs = torch.cat((run.tokens[rows.view(-1), 1:].view(n, 2 * k, slot), token[:, :, None]), dim=2)
-        lp = length_penalty((t + 1).double(), cfg.lenpen, cfg.length_norm).to(cand.dtype)[:, None]
-        pool_tokens = torch.cat((run.pool_tokens, run.pool_tokens.new_full((n, k, 1), pad_id)), dim=2)
-        pool_scores, pool_tokens = merge_finished(run.pool_scores, pool_tokens,
-                                                  (cand / lp).masked_fill(~finishing, float("-inf")), seqs)
-        alive = cand.gather(1, keep)
-        rows = rows.gather(1, keep).view(-1)
-        tokens = torch.cat((run.tokens[rows], token.gather(1, keep).view(-1, 1)), dim=1)
+                                          out_weight=out_weight, starts=starts)
+        beams, rows, done = beam_step(logits, beams, rules, pad_id, steps=slot - run.starts)
         cache = cache.select(rows)
-        done = last[:, 0] | (torch.isfinite(pool_scores).all(1) if early_stop else
-                             can_stop(pool_scores, alive, run.limit, cfg.lenpen, cfg.length_norm))
-    finished = []
-    if done.any():  # a late joiner's tokens hold its BOS after the empty slots
-        hyps = finished_hypotheses(pool_scores[done], pool_tokens[done], (eos_id, pad_id, bos_id))
-        finished = [(run.keys[i], h[: cfg.nbest]) for i, h in zip(done.nonzero().view(-1).tolist(), hyps)]
-    left = ~done
-    if not left.any():
+    done_rows = done.nonzero().view(-1).tolist()  # the step's one read of the device, with the finished pools
+    if not done_rows:
+        return replace(run, tokens=beams.tokens, alive=beams.alive, pool_scores=beams.pool_scores,
+                       pool_tokens=beams.pool_tokens, cache=cache, rules=rules), []
+    # a late joiner's tokens hold its BOS after the empty slots
+    hyps = finished_hypotheses(beams.pool_scores[done], beams.pool_tokens[done], (eos_id, pad_id, bos_id))
+    finished = [(run.keys[i], h[: cfg.nbest]) for i, h in zip(done_rows, hyps)]
+    if len(done_rows) == len(run.keys):
         return None, finished
-    state = Running(tuple(key for key, d in zip(run.keys, done.tolist()) if not d), tokens, run.starts, alive,
-                    pool_scores, pool_tokens, run.limit, run.memory, run.src_mask, cache)
-    return (trim(keep_sentences(state, left), pad_id) if done.any() else state), finished
+    gone = set(done_rows)
+    state = Running(tuple(key for i, key in enumerate(run.keys) if i not in gone), beams.tokens, run.starts,
+                    beams.alive, beams.pool_scores, beams.pool_tokens, run.limit, run.memory, run.src_mask, cache,
+                    rules)
+    return trim(keep_sentences(state, ~done), pad_id), finished
+
+
+def rules_of(cfg: DecodeConfig, pad_id: int, bos_id: int, eos_id: int, device: torch.device) -> Rules:
+    """The search's rules for `cfg`, as relmt.decode.search.nbest_search sets them: beam 1 is greedy decoding
+    (fairseq's EOS rule, stopping at the first finished hypothesis)."""
+    greedy = cfg.beam == 1
+    t2t = not greedy and EosCandidates(cfg.eos_candidates) == EosCandidates.t2t
+    return Rules(eos_id, torch.tensor([pad_id, bos_id], device=device), cfg.min_len, cfg.lenpen, cfg.length_norm,
+                 t2t, cfg.early_stop or greedy)
 
 
 def keep_sentences(run: Running, left: Tensor) -> Running:
@@ -184,7 +166,7 @@ def keep_sentences(run: Running, left: Tensor) -> Running:
     rows = left.repeat_interleave(k)
     return Running(run.keys, run.tokens[rows], run.starts[left], run.alive[left], run.pool_scores[left],
                    run.pool_tokens[left], run.limit[left], run.memory[left], run.src_mask[left],
-                   run.cache.select(rows.nonzero().view(-1), left.nonzero().view(-1)))
+                   run.cache.select(rows.nonzero().view(-1), left.nonzero().view(-1)), run.rules)
 
 
 def trim(run: Running, pad_id: int) -> Running:
@@ -201,4 +183,4 @@ def trim(run: Running, pad_id: int) -> Running:
         cache = run.cache.trimmed(cut)
     # pool column c holds slot c + 1: the cut columns hold slot 1..cut, padding or a BOS
     return Running(run.keys, run.tokens[:, cut:], run.starts - cut, run.alive, run.pool_scores,
-                   run.pool_tokens[:, :, cut:], run.limit, run.memory, run.src_mask, cache)
+                   run.pool_tokens[:, :, cut:], run.limit, run.memory, run.src_mask, cache, run.rules)

@@ -9,7 +9,8 @@ An engine (relmt/export/onnx.py, relmt/export/aoti.py) compiles two modules trac
   began (all 0 but in continuous batching, relmt/decode/continuous.py); it returns the logits (N, V) and the keys
   and values of the t + 1 positions (L, N, H, t + 1, D);
 - `SearchGraph` (aoti only): `StepGraph` and the beam search's own step (relmt.decode.beam.beam_step) in one
-  graph, so that a beam search step leaves Python once (issue 44 §7).
+  graph, so that a beam search step leaves Python once (issue 44 §7); it takes the starts too, and each sentence's
+  step count is the slot less its start, so that continuous batching's step is one call as well (issue 70).
 Every position mode goes through the same graphs: Shaw's per-head and shared tables (which CTranslate2
 cannot hold), rope, alibi and t5 included.
 
@@ -34,13 +35,15 @@ from relmt.model.positions import Rotary
 from relmt.model.transformer import Transformer
 
 STEP_INPUTS = ("tokens", "keep", "cross_k", "cross_v", "self_k", "self_v", "order", "starts")
-SEARCH_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "order", "alive", "pool_scores",
-                 "pool_tokens", "limit", "min_len", "lenpen", "power", "t2t", "early_stop")
+SEARCH_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "order", "starts", "alive",
+                 "pool_scores", "pool_tokens", "limit", "min_len", "lenpen", "power", "t2t", "early_stop")
+SETTINGS = SEARCH_INPUTS.index("min_len")  # the settings (0-d tensors) follow the state
 
 # Part of the key of every onnx and aoti artefact (relmt/export/engines.py: `dependencies`). Bump it whenever a
 # change to this file (or to the model code the graphs trace) changes what is exported: the graphs' inputs,
 # outputs or what they compute. Artefacts made by the older code then get rebuilt instead of reused.
-GRAPHS_VERSION = 3  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3)
+GRAPHS_VERSION = 4  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3);
+# 4: the search step's starts (continuous batching's step in one call, issue 70)
 
 
 class EncoderGraph(nn.Module):
@@ -74,7 +77,9 @@ class StepGraph(nn.Module):
 
 class SearchGraph(nn.Module):
     """`StepGraph` and then relmt.decode.beam.beam_step in one graph: a beam search step that leaves Python
-    once (issue 44 §7). history: (B, K, 1 + t) each hypothesis's tokens; alive, pool_scores (B, K);
+    once (issue 44 §7). history: (B, K, 1 + t) each hypothesis's tokens (continuous batching: padding before a
+    late joiner's BOS); starts (B, K) the slot of each sentence's BOS (all 0 offline), so that a sentence's step
+    count is t - its start (relmt/decode/continuous.py); alive, pool_scores (B, K);
     pool_tokens (B, K, t); limit (B,); then the settings as 0-d tensors (min_len, lenpen, and power, t2t,
     early_stop as bools). BOS and EOS are relmt's tokenizer's, constants of the graph. Returns the new
     history, alive, pool_scores, pool_tokens, the row each new hypothesis continues (B*K,) (the next
@@ -86,14 +91,15 @@ class SearchGraph(nn.Module):
         self.pad_id = model.pad_id
 
     def forward(self, history: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
-                self_v: Tensor, order: Tensor, alive: Tensor, pool_scores: Tensor, pool_tokens: Tensor,
-                limit: Tensor, min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor, early_stop: Tensor,
-                ) -> tuple[Tensor, ...]:
+                self_v: Tensor, order: Tensor, starts: Tensor, alive: Tensor, pool_scores: Tensor,
+                pool_tokens: Tensor, limit: Tensor, min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor,
+                early_stop: Tensor) -> tuple[Tensor, ...]:
         b, k = alive.shape
-        logits, self_k, self_v = self.step(history[:, :, -1], keep, cross_k, cross_v, self_k, self_v, order)
+        logits, self_k, self_v = self.step(history[:, :, -1], keep, cross_k, cross_v, self_k, self_v, order, starts)
         rules = Rules(EOS_ID, torch.tensor([self.pad_id, BOS_ID]), min_len, lenpen, power, t2t, early_stop)
+        steps = (history.shape[2] - 1) - starts[:, 0]  # (B,) each sentence's steps so far
         beams, rows, done = beam_step(logits, Beams(history.reshape(b * k, -1), alive, pool_scores, pool_tokens,
-                                                    limit), rules, self.pad_id)
+                                                    limit), rules, self.pad_id, steps)
         return (beams.tokens.view(b, k, -1), beams.alive, beams.pool_scores, beams.pool_tokens, rows, self_k,
                 self_v, done)
 
@@ -132,18 +138,18 @@ def examples(model: Transformer) -> tuple[tuple, tuple, dict, dict]:
 def search_examples(model: Transformer) -> tuple[tuple, dict]:
     """Inputs to trace SearchGraph with, and its dynamic dimensions."""
     _, step, _, step_dims = examples(model)
-    tokens, keep, cross_k, cross_v, self_k, self_v, order, _ = step
+    tokens, keep, cross_k, cross_v, self_k, self_v, order, starts = step
     b, k = tokens.shape
     t = self_k.shape[3]
     history = torch.full((b, k, t + 1), model.pad_id + 4, dtype=torch.long)
     scores = torch.randn(b, k)
-    search = (history, keep, cross_k, cross_v, self_k, self_v, order, scores, scores.clone(),
+    search = (history, keep, cross_k, cross_v, self_k, self_v, order, starts, scores, scores.clone(),
               torch.full((b, k, t), model.pad_id, dtype=torch.long), torch.full((b,), t + 2),
               torch.tensor(1), torch.tensor(0.6, dtype=torch.float64), *map(torch.tensor, (False, True, False)))
     B, K, T = step_dims["tokens"][0], step_dims["tokens"][1], step_dims["self_k"][3]
-    dims = {name: step_dims[name] for name in ("keep", "cross_k", "cross_v", "self_k", "self_v", "order")}
+    dims = {name: step_dims[name] for name in ("keep", "cross_k", "cross_v", "self_k", "self_v", "order", "starts")}
     dims |= {"history": {0: B, 1: K, 2: T + 1}, "alive": {0: B, 1: K}, "pool_scores": {0: B, 1: K},
-             "pool_tokens": {0: B, 1: K, 2: T}, "limit": {0: B}} | {name: None for name in SEARCH_INPUTS[11:]}
+             "pool_tokens": {0: B, 1: K, 2: T}, "limit": {0: B}} | {name: None for name in SEARCH_INPUTS[SETTINGS:]}
     return search, dims
 
 
@@ -234,14 +240,16 @@ class GraphModel:
             rules.banned.tolist() == [self.pad_id, BOS_ID]
 
     def search_step(self, beams: Beams, memory: GraphMemory, src_mask: Tensor, cache: GraphCache | None,
-                    rules: Rules) -> tuple[Beams, Tensor, GraphCache]:
+                    rules: Rules, starts: Tensor | None = None) -> tuple[Beams, Tensor, GraphCache]:
         """decode_step and relmt.decode.beam.beam_step in one call of the search graph: the beams after the
         step, which sentences are done, and the cache (the keys and values of the step's hypotheses, and the
-        row each new live beam continues)."""
+        row each new live beam continues). starts: (b,) the slot where each sentence began (continuous batching;
+        None: all 0)."""
         b, k = beams.alive.shape
         if cache is None:
             cache = self.init_cache(memory, b * k)
         order = cache.order if cache.order is not None else torch.arange(b * k)
+        starts = (torch.zeros(b, dtype=torch.long) if starts is None else starts)[:, None].expand(b, k)
         key = (rules.min_len, float(rules.lenpen), LengthNorm(rules.norm), bool(rules.t2t), bool(rules.early_stop))
         if self._settings[0] != key:  # made once per setting, not at every step (continuous batching makes new Rules)
             self._settings = key, (
@@ -251,7 +259,7 @@ class GraphModel:
         settings = self._settings[1]
         history, alive, pool_scores, pool_tokens, rows, self_k, self_v, done = self.run_search(
             beams.tokens.view(b, k, -1), src_mask, memory.cross_k, memory.cross_v, cache.self_k, cache.self_v,
-            order.view(b, k), beams.alive, beams.pool_scores, beams.pool_tokens, beams.limit, *settings)
+            order.view(b, k), starts, beams.alive, beams.pool_scores, beams.pool_tokens, beams.limit, *settings)
         return (Beams(history.view(b * k, -1), alive, pool_scores, pool_tokens, beams.limit), done,
                 GraphCache(self_k, self_v, rows))
 

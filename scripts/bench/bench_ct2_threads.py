@@ -36,6 +36,13 @@ from relmt.bench import command_line, hardware, markdown_table, write_json
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def gemm_gflops(threads: int = 2) -> float:
+    """scripts/peers/bench_peers.py's calibration: a 1024^3 float32 GEMM's GFLOP/s in a process of its own."""
+    out = subprocess.run([sys.executable, ROOT / "scripts/peers/bench_peers.py", "gemm", "--threads", str(threads)],
+                         check=True, capture_output=True, text=True).stdout
+    return float(out.split()[-1])
+
+
 def seconds(cmd: list) -> float:
     out = subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True).stdout
     return float(re.findall(r"^SECONDS ([\d.]+)", out, re.M)[-1])
@@ -85,7 +92,10 @@ def main() -> None:
                     "--engine", "aoti", "--quantization", precision, "--threads", n])
     regimes = (("32 per batch", 32, args.decode_n), ("one at a time", 1, args.latency_n))
     times: dict[tuple[str, str], list[float]] = {}
+    calibration: list[float] = []  # the host's speed: a 1024^3 float32 GEMM's GFLOP/s on 2 threads, before each repeat
     for repeat in range(args.repeats):
+        calibration.append(gemm_gflops())
+        print(f"repeat {repeat + 1}: calibration GEMM {calibration[-1]:.1f} GFLOP/s", flush=True)
         for regime, batch, n in regimes:
             for name, (_, _, cmd) in systems.items():
                 s = seconds([*cmd, "--src", src, "--out", tmp / "hyp.txt", "--n", n, "--batch", batch, "--length",
@@ -102,26 +112,35 @@ def main() -> None:
               best(regime, "CTranslate2", precision) for precision in precisions for regime, _, _ in regimes}
     goals = [(f"{regime}: aoti {p} ÷ CTranslate2 {p}", "≥ 1.0", f"{ratios[f'{regime}, {p}']:.2f}")
              for p in precisions for regime, _, _ in regimes]
+    by_name = {r["system"]: r for r in rows}
+    two_over_one = {(p, regime): by_name[f"CTranslate2 {p}, 2 threads"][regime] /
+                    by_name[f"CTranslate2 {p}, 1 thread"][regime] for p in precisions for regime, _, _ in regimes}
+    ct2_threads = [(f"{regime}: CTranslate2 {p}, 2 threads ÷ 1 thread", "", f"{ratio:.2f}")
+                   for (p, regime), ratio in two_over_one.items()]
     serve = None
     if args.serve:  # the server on the fastest engine, in the same run (bench_serve.py's own goals)
         serve_json = tmp / "serve.json"
         subprocess.run([sys.executable, ROOT / "scripts/bench/bench_serve.py", "--checkpoint", checkpoint,
                         "--engine", "aoti", "--src", src, "--clients", "1", "32", "--batching", "continuous",
                         "--fixed-length", str(args.length), "--requests", str(args.serve_requests),
-                        "--max-seconds", "60", "--json", serve_json, "--md", tmp / "serve.md"], check=True)
+                        "--max-seconds", "60", "--echo", "--json", serve_json, "--md", tmp / "serve.md"], check=True)
         serve = json.loads(serve_json.read_text())
-        goals += [(f"relmt-serve engine=aoti continuous: {goal}", target, value) for goal, target, value in
-                  serve["goals"] if "32 clients sentences/s" in goal or "1 client p50" in goal]
+        goals += [(f"relmt-serve engine=aoti continuous: {goal}" if "echo" not in goal else f"relmt-serve: {goal}",
+                   target, value) for goal, target, value in serve["goals"]
+                  if "32 clients sentences/s" in goal or "1 client p50" in goal or "echo" in goal]
     table = markdown_table(rows, [("system", "system"), *((r, f"{r}, sentences/s") for r, _, _ in regimes)])
     goal_table = "| goal | target | measured |\n|---|---|---|\n" + "\n".join(
-        f"| {g} | {t} | {v} |" for g, t, v in goals)
+        f"| {g} | {t} | {v} |" for g, t, v in goals + ct2_threads)
+    host_speed = (f"calibration GEMM (1024^3 float32, 2 threads) before each repeat: median "
+                  f"{statistics.median(calibration):.1f} GFLOP/s, range {min(calibration):.1f}-{max(calibration):.1f}")
     summary = "; ".join(f"{regime} {ratio:.2f}" for regime, ratio in ratios.items())
     print(f"\n{table}\n\n{goal_table}")
     hw = hardware()
     if args.out:
         write_json(args.out, {"command": command_line(), "hardware": hw, "settings": vars(args) | {
             "out": None, "md": None, "scratch": None}, "rows": rows, "ratios": ratios, "goals": goals,
-            "serve": serve, "samples": {f"{k[0]} | {k[1]}": v for k, v in times.items()}})
+            "serve": serve, "samples": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
+            "calibration_gflops": calibration, "ct2_threads": ct2_threads})
     if args.md:
         serve_text = ""
         if serve is not None:
@@ -147,8 +166,9 @@ def main() -> None:
             "relmt/export/quantize.py's. The per-head rows are bench_peers' rel-heads model (one table per head), "
             "which CTranslate2 cannot hold. Ratios take each system at its faster thread setting: "
             f"{summary}.\n\n- command: `{command_line()}`\n- hardware: {hw['cpu']}, "
-            f"{hw['cpu_count']} cores, torch {hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n\n"
-            f"## Goals (issue 62)\n\n{goal_table}\n\n## Decoding\n\n{table}\n{serve_text}")
+            f"{hw['cpu_count']} cores, torch {hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n"
+            f"- host speed: {host_speed}\n\n"
+            f"## Goals (issues 62 and 70)\n\n{goal_table}\n\n## Decoding\n\n{table}\n{serve_text}")
 
 
 if __name__ == "__main__":

@@ -122,8 +122,9 @@ class ServerProcess:
         env.pop("RELMT_SERVE_API_KEY", None)
         self.log = log
         with open(log, "wb") as out:
+            program = [str(ROOT / "scripts/bench/serve_echo.py")] if opts.mode == "echo" else ["-m", "relmt.serve"]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "relmt.serve", f"checkpoint={opts.checkpoint}", f"engine={opts.engine}",
+                [sys.executable, *program, f"checkpoint={opts.checkpoint}", f"engine={opts.engine}",
                  "host=127.0.0.1", "port=0", f"queue_size={max(256, 2 * max(opts.clients))}",
                  f"max_wait_ms={opts.max_wait_ms}", f"continuous={'true' if opts.mode == 'continuous' else 'false'}",
                  *(f"{k}={v}" for k, v in fixed_length(opts).items())],
@@ -280,7 +281,8 @@ def batch_sizes(url: str) -> tuple[float, float]:
                  for k in ("sum", "count"))
 
 
-def goals(levels: dict[int, dict], ref: dict, onmt: dict[int, dict] | None = None) -> list[tuple[str, str, str]]:
+def goals(levels: dict[int, dict], ref: dict, onmt: dict[int, dict] | None = None,
+          echo: dict[int, dict] | None = None) -> list[tuple[str, str, str]]:
     """(goal, target, measured) for the issue's goals that this run measures."""
     rows = []
     if onmt and 32 in onmt and 32 in levels:
@@ -300,6 +302,9 @@ def goals(levels: dict[int, dict], ref: dict, onmt: dict[int, dict] | None = Non
                      f"{32 / (levels[32]['sent_per_s'] * levels[1]['p50_s']):.2f}"))
     if 128 in levels:
         rows.append(("errors at 128 clients", "0", str(sum(levels[128]["errors"].values()))))
+    if echo and 1 in echo:
+        rows.append(("the server's own floor (echo translator), 1 client p50", "≤ 1 ms",
+                     f"{echo[1]['p50_s'] * 1e3:.2f} ms"))
     return rows
 
 
@@ -351,6 +356,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batching", nargs="+", choices=["continuous", "batch"], default=["continuous", "batch"])
     parser.add_argument("--fixed-length", type=int, default=0, help="force every hypothesis to N tokens (0: off)")
     parser.add_argument("--onmt-model", type=Path, default=None, help="an OpenNMT-py checkpoint for onmt_server")
+    parser.add_argument("--echo", action="store_true",
+                        help="also the server's own floor: relmt-serve with a translator that answers at once "
+                             "(scripts/bench/serve_echo.py), at each level, after the batching modes")
     parser.add_argument("--onmt-python", type=Path,
                         default=Path(os.environ.get("SCRATCH", "/tmp/relmt-peers")) / "onmt/bin/python")
     parser.add_argument("--log", type=Path, default=Path("/tmp/relmt-bench-serve.log"))
@@ -377,6 +385,18 @@ def main(argv: list[str] | None = None) -> dict:
                 print(json.dumps(row), flush=True)
         finally:
             statuses[mode] = server.stop()
+    echo: dict[int, dict] = {}
+    if opts.echo:
+        opts.mode = "echo"
+        server = ServerProcess(opts, opts.log.with_name(opts.log.stem + "-echo.log"))
+        try:
+            for clients in opts.clients:
+                echo[clients] = {"batching": "echo (floor)", **asyncio.run(drive(
+                    server.url, sentences, clients, opts.requests, opts.max_seconds))}
+                rows.append(echo[clients])
+                print(json.dumps(echo[clients]), flush=True)
+        finally:
+            statuses["echo"] = server.stop()
     status = max(statuses.values(), key=abs)
     refs.append(offline(opts, sentences))  # again after the server, so that the host's drift shows
     print(f"offline, after: {json.dumps(refs[1])}", flush=True)
@@ -400,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
                "engine": opts.engine, "threads": opts.threads, "checkpoint": str(opts.checkpoint),
                "src": str(opts.src or "peer corpus test.src"), "sentences": len(sentences), "host": host(),
                "batching": opts.batching, "offline": ref, "offline_runs": refs, "levels": rows,
-               "goals": goals(first, ref, onmt),
+               "goals": goals(first, ref, onmt, echo),
                "fixed_length": opts.fixed_length, "onmt_model": str(opts.onmt_model or ""),
                "exit_status": status, "exit_statuses": statuses}
     opts.json.parent.mkdir(parents=True, exist_ok=True)
