@@ -98,3 +98,23 @@ def test_the_openmp_teams_benchmark_runs_small(tmp_path):
     assert sorted(payload["results"]) == ["alone", "beside a second team"]
     assert all(len(r["seconds"]) == 1 and r["ms_per_sentence"] > 0 for r in payload["results"].values())
     assert "| alone |" in (tmp_path / "omp.md").read_text()
+
+
+def test_the_serving_split_accounts_for_the_decoding_threads_time(tmp_path):
+    """scripts/bench/serve_split.py: relmt-serve's Batcher and Stream fed by client threads, every part timed; every
+    request is answered, and the parts add up to the wall time (the rest is `other`)."""
+    from argparse import Namespace
+
+    from relmt.decode import continuous
+    from tests.test_serve import ckpt_for
+
+    split = load_script("serve_split")
+    opts = Namespace(checkpoint=str(ckpt_for(tmp_path)), engine="torch", quantization="float32", threads=1,
+                     fixed_length=0, single_n=2)
+    sentences = ["the cat sat on the mat", "a dog", "the bird is on the house", "a cat"]
+    row = split.level(opts, sentences, clients=3, requests=8)
+    assert row["offline"]["batch32_sent_per_s"] > 0 and row["offline"]["single_p50_s"] > 0
+    assert row["requests"] == 8 and row["steps"] > 0 and 1 <= row["sentences_per_step"] <= 3
+    assert row["ms_per_step"]["graphs"] > 0 and row["ms_per_step"]["search Python"] > 0
+    assert sum(row["share"].values()) >= 0.99 and row["share"]["other"] >= 0
+    assert continuous.advance.__name__ == "advance"  # the wrappers are taken off afterwards

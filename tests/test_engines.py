@@ -130,6 +130,43 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
         assert [h.score for h in out[i]] == pytest.approx([h.score for h in want], abs=1e-4)
 
 
+def test_aoti_packages_run_through_their_c_abi_without_the_gil_and_as_torchs_binding_runs_them(trained):
+    """relmt/export/aoti.py's released_call (issue 70): the engine calls each compiled model through its library's
+    C ABI, which gives the same outputs as torch's binding of the package and lets other Python threads run during the
+    call (relmt-serve's HTTP side while a step runs); torch's binding holds the GIL throughout."""
+    import threading
+    import time
+
+    from relmt.export.aoti import released_call
+
+    engine = Translator.from_checkpoint(trained, engine="aoti").model
+    [folder] = (trained.parent / f"{trained.name}.engines").glob("aoti-*")
+    assert engine.encoder.__qualname__ == released_call.__qualname__ + ".<locals>.call"
+    package = torch._inductor.aoti_load_package(str(folder / "encoder.pt2"))
+    src = torch.randint(5, 40, (64, 120))
+    src[:, -1] = EOS_ID
+    for a, b in zip(engine.encoder(src), package.loader.boxed_run([src]), strict=True):
+        assert torch.equal(a, b)
+    ticks, calls, stop = [], [], threading.Event()
+
+    def spin() -> None:  # Python that runs only while it holds the GIL
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        for _ in range(10):
+            start = time.perf_counter()
+            engine.encoder(src)
+            calls.append((start, time.perf_counter()))
+    finally:
+        stop.set()
+        thread.join()
+    inside = [t for t in ticks for a, b in calls if a + 0.1 * (b - a) < t < b - 0.1 * (b - a)]
+    assert inside, "no Python ran in another thread while the compiled model ran"
+
+
 @pytest.mark.slow
 def test_int8_on_engine_aoti_runs_int8_products_and_keeps_the_translations(trained):
     """engine=aoti quantization=int8 (relmt/export/quantize.py; issue 62): the compiled graphs multiply with int8

@@ -137,11 +137,72 @@ def by_rows(small, large):
 
 def flat_call(path: Path):
     """The package at `path` as a function of contiguous tensors to a tuple of tensors. relmt's graphs take and
-    return flat tensors, so it calls the package's loader directly (`boxed_run`) where it has one: the package's own
+    return flat tensors, so it calls the compiled model through its C ABI where it can (`released_call`, which lets
+    other Python threads run meanwhile), else the package's loader directly (`boxed_run`): the package's own
     __call__ parses its input and output specs and (un)flattens them at every call, a cost of the same order as the
     search's other Python work per step at one sentence."""
+    released = released_call(path)
+    if released is not None:
+        return released
     package = torch._inductor.aoti_load_package(str(path))
     loader = getattr(package, "loader", None)
     if loader is None or not hasattr(loader, "boxed_run"):  # another torch's package API
         return lambda *inputs: tuple(package(*(x.contiguous() for x in inputs)))
     return lambda *inputs: tuple(loader.boxed_run([x.contiguous() for x in inputs]))
+
+
+def released_call(path: Path):
+    """The package's compiled model called through the C ABI of its shared library (AOTInductorModelContainerRun)
+    with ctypes, which releases Python's GIL for the call, as torch's own operators do; None where the package is not
+    one this can call so (another torch's layout, weights kept beside the library, kernels run by a proxy executor).
+
+    torch's binding of AOTInductor packages (`AOTIModelPackageLoader.boxed_run`) holds the GIL while the compiled
+    model runs: in relmt-serve, the HTTP side (uvicorn's event loop, which parses requests and writes answers) then
+    waits for every decoding step to end (issue 70). This does what that binding does, the GIL aside: it makes one
+    model container from the package's library and runs it on handles to the input tensors, which the run takes
+    over, and wraps the output handles it returns (torch._C._aoti's helpers, which the binding's C++ uses too)."""
+    import ctypes
+    import shutil
+    import tempfile
+    import zipfile
+
+    aoti = torch._C._aoti
+    if not all(hasattr(aoti, f) for f in ("unsafe_alloc_void_ptrs_from_tensors",
+                                          "alloc_tensors_by_stealing_from_void_ptrs")):
+        return None
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        libraries = [n for n in names if n.endswith(".so")]
+        # one library; no proxy executor's kernels (<library>.json) and no weights stored apart from it
+        if len(libraries) != 1 or libraries[0][:-3] + ".json" in names or \
+                any("/constants/" in n or "/weights/" in n for n in names):
+            return None
+        folder = Path(tempfile.mkdtemp(prefix="relmt-aoti-"))
+        try:
+            library = ctypes.CDLL(z.extract(libraries[0], folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # the library stays loaded
+    handle, outputs = ctypes.c_void_p(), ctypes.c_size_t()
+    if library.AOTInductorModelContainerCreateWithDevice(ctypes.byref(handle), ctypes.c_size_t(1), b"cpu", None) or \
+            library.AOTInductorModelContainerGetNumOutputs(handle, ctypes.byref(outputs)):
+        return None
+    run = library.AOTInductorModelContainerRun
+    run.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
+                    ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p]
+    run.restype = ctypes.c_int32
+    n_out = outputs.value
+    # torch's helpers pass the handles as capsules of the pointers
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    capsule = ctypes.pythonapi.PyCapsule_New
+    capsule.restype, capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+    def call(*inputs: Tensor) -> tuple[Tensor, ...]:
+        handles = [pointer(h, None) for h in aoti.unsafe_alloc_void_ptrs_from_tensors([x.contiguous() for x in inputs])]
+        out = (ctypes.c_void_p * n_out)()
+        if run(handle, (ctypes.c_void_p * len(handles))(*handles), len(handles), out, n_out, None, None):
+            raise RuntimeError(f"{path}: the compiled model failed (AOTInductorModelContainerRun)")
+        return tuple(aoti.alloc_tensors_by_stealing_from_void_ptrs([capsule(p, None, None) for p in out]))
+
+    call.container = handle  # kept for the process's life, as the loaded library
+    return call

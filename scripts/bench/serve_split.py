@@ -99,8 +99,11 @@ def offline(translator, sentences: list[str], single_n: int) -> dict:
     return {"batch32_sent_per_s": batched, "single_p50_s": statistics.median(single)}
 
 
-def level(translator, sentences: list[str], clients: int, requests: int) -> dict:
-    """`clients` closed-loop clients through relmt-serve's Batcher and Stream, `requests` requests in all."""
+def level(opts: argparse.Namespace, sentences: list[str], clients: int, requests: int) -> dict:
+    """`clients` closed-loop clients through relmt-serve's Batcher and Stream, `requests` requests in all, beside the
+    offline reference. As in relmt-serve, every torch operation runs in the Batcher's decoding thread, the model's
+    loading and the offline reference included: torch in a second thread would make a second OpenMP team, and with
+    more OpenMP threads than cores GNU OpenMP stops spin-waiting (docs/results/performance/omp_teams.md)."""
     from relmt.decode import continuous
     from relmt.serve import batcher as batching
     from relmt.serve import stream as streaming
@@ -116,8 +119,21 @@ def level(translator, sentences: list[str], clients: int, requests: int) -> dict
 
     on_step = clock.wrap("metrics", observe)
     on_queue = clock.wrap("metrics", metrics.queue.set)
-    b = batching.Batcher(lambda: translator, queue_size=4 * clients + 64, max_batch_tokens=2000, max_wait_ms=30,
+    ref: dict = {}
+
+    def load_and_reference():
+        translator = load(opts)
+        ref.update(offline(translator, sentences, opts.single_n))
+        return translator
+
+    b = batching.Batcher(load_and_reference, queue_size=4 * clients + 64, max_batch_tokens=2000, max_wait_ms=30,
                          on_batch=on_step, on_queue=on_queue, on_load_error=print, continuous=True)
+    b.start()
+    while not b.ready:
+        if b.load_error:
+            raise SystemExit(b.load_error)
+        time.sleep(0.01)
+    translator = b.translator
     model = translator.model
     saved = {}
     for name in ("run_search", "run_step", "run_encoder", "encode", "decode_step"):
@@ -149,9 +165,6 @@ def level(translator, sentences: list[str], clients: int, requests: int) -> dict
             latencies.append(time.perf_counter() - t)
 
     try:
-        b.start()
-        while not b.ready:
-            time.sleep(0.01)
         clock.thread = b.thread.ident
         threads = [threading.Thread(target=client) for _ in range(clients)]
         start = time.perf_counter()
@@ -169,7 +182,7 @@ def level(translator, sentences: list[str], clients: int, requests: int) -> dict
     steps = clock.calls["search Python"]
     parts = {p: clock.seconds.get(p, 0.0) for p in PARTS if p != "other"}
     parts["other"] = max(wall - sum(parts.values()), 0.0)
-    return {"clients": clients, "requests": len(latencies), "sent_per_s": len(latencies) / wall,
+    return {"clients": clients, "offline": ref, "requests": len(latencies), "sent_per_s": len(latencies) / wall,
             "p50_s": statistics.median(latencies), "wall_s": wall, "steps": steps,
             "sentences_per_step": stepped[0] / max(steps, 1),
             "ms_per_step": {p: 1e3 * s / max(steps, 1) for p, s in parts.items()},
@@ -177,7 +190,6 @@ def level(translator, sentences: list[str], clients: int, requests: int) -> dict
 
 
 def markdown(payload: dict) -> str:
-    ref = payload["offline"]
     lines = [f"# relmt-serve's decoding thread, split ({payload['engine']}, {payload['threads']} threads)", "",
              "relmt-serve's Batcher, Stream and metrics in one process, fed by closed-loop client threads (no HTTP); "
              "every part of the decoding thread timed (scripts/bench/serve_split.py's docstring says what each is).",
@@ -185,15 +197,18 @@ def markdown(payload: dict) -> str:
              f"- hardware: {payload['hardware'].get('cpu', '?')}, {payload['hardware'].get('cpu_count')} cores, "
              f"torch {payload['hardware']['torch']}",
              f"- date: {payload['date']}", "",
-             f"Offline in the same process: {ref['batch32_sent_per_s']:.1f} sentences/s at 32 per batch, "
-             f"{ref['single_p50_s'] * 1e3:.1f} ms p50 one at a time.", "",
-             "| clients | sentences/s | ÷ offline 32 per batch | p50 ms | ÷ offline one at a time | steps | "
+             "Offline: the Translator in the same decoding thread, just before each level (32 per batch, and one at a "
+             "time).", "",
+             "| clients | offline 32 per batch, sentences/s | offline one at a time, p50 ms | sentences/s | "
+             "÷ offline 32 per batch | p50 ms | ÷ offline one at a time | steps | sentences per step | "
              + " | ".join(f"{p} ms/step" for p in PARTS) + " |",
-             "|---" * (6 + len(PARTS)) + "|"]
+             "|---" * (9 + len(PARTS)) + "|"]
     for row in payload["levels"]:
-        lines.append(f"| {row['clients']} | {row['sent_per_s']:.1f} | "
+        ref = row["offline"]
+        lines.append(f"| {row['clients']} | {ref['batch32_sent_per_s']:.1f} | {ref['single_p50_s'] * 1e3:.1f} | "
+                     f"{row['sent_per_s']:.1f} | "
                      f"{row['sent_per_s'] / ref['batch32_sent_per_s']:.2f} | {row['p50_s'] * 1e3:.1f} | "
-                     f"{row['p50_s'] / ref['single_p50_s']:.2f} | {row['steps']} | "
+                     f"{row['p50_s'] / ref['single_p50_s']:.2f} | {row['steps']} | {row['sentences_per_step']:.1f} | "
                      + " | ".join(f"{row['ms_per_step'][p]:.3f}" for p in PARTS) + " |")
     lines += ["", "Shares of the wall time:", "", "| clients | " + " | ".join(PARTS) + " |",
               "|---" * (1 + len(PARTS)) + "|"]
@@ -219,16 +234,13 @@ def main() -> None:
     from relmt.bench import command_line, hardware
 
     sentences = [s for s in opts.src.read_text(encoding="utf-8").splitlines() if s.strip()][: opts.requests]
-    translator = load(opts)
-    ref = offline(translator, sentences, opts.single_n)
-    print(json.dumps({"offline": ref}), flush=True)
     levels = []
     for clients in opts.clients:
-        levels.append(level(translator, sentences, clients, opts.requests))
+        levels.append(level(opts, sentences, clients, opts.requests))
         print(json.dumps(levels[-1]), flush=True)
     payload = {"command": command_line(), "hardware": hardware(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engine": opts.engine,
-               "threads": opts.threads, "offline": ref, "levels": levels}
+               "threads": opts.threads, "levels": levels}
     text = markdown(payload)
     print(text)
     if opts.json:
