@@ -63,9 +63,13 @@ def main() -> None:
     ap.add_argument("--serve", action=argparse.BooleanOptionalAction, default=True,
                     help="also scripts/bench/bench_serve.py with engine=aoti and continuous batching, 1 and 32 clients")
     ap.add_argument("--serve-requests", type=int, default=400)
+    ap.add_argument("--page-from", type=Path, help="write --md from a run's JSON (--out) and measure nothing")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--md", type=Path)
     args = ap.parse_args()
+    if args.page_from:
+        args.md.write_text(page(json.loads(args.page_from.read_text())))
+        return
     src, ct2 = args.scratch / "corpus" / "test.src", args.scratch / "ct2-relmt-rel"
     checkpoint = args.scratch / "r1" / "relmt-rel" / "checkpoints" / "last.pt"
     heads = args.scratch / "r1" / "relmt-rel-heads" / "checkpoints" / "last.pt"
@@ -128,48 +132,61 @@ def main() -> None:
         goals += [(f"relmt-serve engine=aoti continuous: {goal}" if "echo" not in goal else f"relmt-serve: {goal}",
                    target, value) for goal, target, value in serve["goals"]
                   if "32 clients sentences/s" in goal or "1 client p50" in goal or "echo" in goal]
-    table = markdown_table(rows, [("system", "system"), *((r, f"{r}, sentences/s") for r, _, _ in regimes)])
-    goal_table = "| goal | target | measured |\n|---|---|---|\n" + "\n".join(
-        f"| {g} | {t} | {v} |" for g, t, v in goals + ct2_threads)
-    host_speed = (f"calibration GEMM (1024^3 float32, 2 threads) before each repeat: median "
-                  f"{statistics.median(calibration):.1f} GFLOP/s, range {min(calibration):.1f}-{max(calibration):.1f}")
-    summary = "; ".join(f"{regime} {ratio:.2f}" for regime, ratio in ratios.items())
-    print(f"\n{table}\n\n{goal_table}")
     hw = hardware()
+    payload = {"command": command_line(), "hardware": hw, "settings": vars(args) | {
+        "out": None, "md": None, "scratch": None}, "rows": rows, "ratios": ratios, "goals": goals,
+        "serve": serve, "samples": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
+        "calibration_gflops": calibration, "ct2_threads": ct2_threads}
+    text = page(payload)
+    print(text)
     if args.out:
-        write_json(args.out, {"command": command_line(), "hardware": hw, "settings": vars(args) | {
-            "out": None, "md": None, "scratch": None}, "rows": rows, "ratios": ratios, "goals": goals,
-            "serve": serve, "samples": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
-            "calibration_gflops": calibration, "ct2_threads": ct2_threads})
+        write_json(args.out, payload)
     if args.md:
-        serve_text = ""
-        if serve is not None:
-            levels = "\n".join(f"| {r['clients']} | {r['requests']} | {r['sent_per_s']:.1f} | "
-                               f"{1000 * r['p50_s']:.1f} | {1000 * r['p99_s']:.1f} | {r['mean_batch']:.1f} |"
-                               for r in serve["levels"])
-            ref = serve["offline"]
-            serve_text = (
-                "\n## relmt-serve, engine=aoti, continuous batching\n\n`scripts/bench/bench_serve.py` (its command: "
-                f"`{serve['command']}`), the rel model over loopback, each client sending one sentence per request; "
-                f"offline references in the same run: {ref['batch32_sent_per_s']:.1f} sentences/s at 32 per batch, "
-                f"p50 {1000 * ref['single_p50_s']:.1f} ms one at a time.\n\n"
-                "| clients | requests | sentences/s | p50 ms | p99 ms | sentences per step |\n"
-                "|---|---|---|---|---|---|\n"
-                f"{levels}\n")
-        args.md.write_text(
-            "# CTranslate2 beside relmt engine=aoti, float32 and int8, each at 1 and 2 threads (CPU)\n\n"
+        args.md.write_text(text)
+
+
+def page(payload: dict) -> str:
+    """The Markdown page of a run, from what main() measured (its JSON: --page-from rebuilds a page from one)."""
+    settings, hw, serve = payload["settings"], payload["hardware"], payload["serve"]
+    regimes = [k for k in payload["rows"][0] if k != "system"]
+    table = markdown_table(payload["rows"], [("system", "system"), *((r, f"{r}, sentences/s") for r in regimes)])
+    goal_table = "| goal | target | measured |\n|---|---|---|\n" + "\n".join(
+        f"| {g} | {t} | {v} |" for g, t, v in payload["goals"] + payload.get("ct2_threads", []))
+    calibration = payload.get("calibration_gflops") or []
+    host_speed = (f"calibration GEMM (1024^3 float32, 2 threads) before each repeat: median "
+                  f"{statistics.median(calibration):.1f} GFLOP/s, range {min(calibration):.1f}-{max(calibration):.1f}"
+                  if calibration else "not measured")
+    summary = "; ".join(f"{regime} {ratio:.2f}" for regime, ratio in payload["ratios"].items())
+    serve_text = ""
+    if serve is not None:
+        levels = "\n".join(f"| {r['batching']} | {r['clients']} | {r['requests']} | {r['sent_per_s']:.1f} | "
+                           f"{1000 * r['p50_s']:.2f} | {1000 * r['p99_s']:.2f} | "
+                           f"{r['mean_batch']:.1f} |" if "mean_batch" in r else
+                           f"| {r['batching']} | {r['clients']} | {r['requests']} | {r['sent_per_s']:.1f} | "
+                           f"{1000 * r['p50_s']:.2f} | {1000 * r['p99_s']:.2f} | — |" for r in serve["levels"])
+        ref = serve["offline"]
+        serve_text = (
+            "\n## relmt-serve, engine=aoti, continuous batching\n\n`scripts/bench/bench_serve.py` (its command: "
+            f"`{serve['command']}`), the rel model over loopback, each client sending one sentence per request; "
+            f"offline references in the same run: {ref['batch32_sent_per_s']:.1f} sentences/s at 32 per batch, "
+            f"p50 {1000 * ref['single_p50_s']:.1f} ms one at a time. The echo rows are the server's own floor: "
+            "relmt-serve whose translator answers at once (scripts/bench/serve_echo.py).\n\n"
+            "| server | clients | requests | sentences/s | p50 ms | p99 ms | sentences per step |\n"
+            "|---|---|---|---|---|---|---|\n"
+            f"{levels}\n")
+    return ("# CTranslate2 beside relmt engine=aoti, float32 and int8, each at 1 and 2 threads (CPU)\n\n"
             "The rel model of scripts/peers/bench_peers.sh (3+3 layers, d_model 256, one relative table shared by the "
             "heads), decoded with beam 4, length penalty 0.6, every hypothesis forced to "
-            f"{args.length} tokens: {args.decode_n} sentences at 32 per batch, the first {args.latency_n} one at a "
-            f"time; medians of {args.repeats} interleaved repeats. CTranslate2 decodes relmt's export of the model "
-            "(relmt-export format=ctranslate2), int8 by its compute type; relmt engine=aoti quantization=int8 is "
-            "relmt/export/quantize.py's. The per-head rows are bench_peers' rel-heads model (one table per head), "
-            "which CTranslate2 cannot hold. Ratios take each system at its faster thread setting: "
-            f"{summary}.\n\n- command: `{command_line()}`\n- hardware: {hw['cpu']}, "
-            f"{hw['cpu_count']} cores, torch {hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n"
-            f"- host speed: {host_speed}\n\n"
+            f"{settings['length']} tokens: {settings['decode_n']} sentences at 32 per batch, the first "
+            f"{settings['latency_n']} one at a time; medians of {settings['repeats']} interleaved repeats. CTranslate2 "
+            "decodes relmt's export of the model (relmt-export format=ctranslate2), int8 by its compute type; relmt "
+            "engine=aoti quantization=int8 is relmt/export/quantize.py's."
+            + (" The per-head rows are bench_peers' rel-heads model (one table per head), which CTranslate2 cannot "
+               "hold." if settings.get("per_head") else "")
+            + f" Ratios take each system at its faster thread setting: {summary}.\n\n"
+            f"- command: `{payload['command']}`\n- hardware: {hw['cpu']}, {hw['cpu_count']} cores, torch "
+            f"{hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n- host speed: {host_speed}\n\n"
             f"## Goals (issues 62 and 70)\n\n{goal_table}\n\n## Decoding\n\n{table}\n{serve_text}")
-
 
 if __name__ == "__main__":
     main()

@@ -12,8 +12,14 @@ For each linear shape of the bench_peers rel model (d_model 256, FFN 1024, a 3,8
 - weight-only int8: aten._weight_int8pack_mm (float32 rows times int8 weights with a scale per channel).
 Medians over --repeats blocks of --calls calls, in microseconds per call, one process, --threads threads.
 
-    python scripts/bench/int8_small_rows.py --json docs/results/engines/int8_small_rows.json \\
-        --md docs/results/engines/int8_small_rows.md
+With --checkpoint and --src, then the compiled graphs themselves: engine=aoti float32 and int8 decode --sentences
+sentences one at a time (beam 4, every hypothesis forced to 20 tokens, as bench_ct2_threads' regime) under torch's
+profiler, which sees the operators the compiled code calls through the dispatcher (the GEMMs: oneDNN's prepacked
+products, `_int_mm`) and not inductor's own loops; the rest of a sentence's time is those loops and Python.
+
+    python scripts/bench/int8_small_rows.py --checkpoint /tmp/relmt-peers/r1/relmt-rel/checkpoints/last.pt \\
+        --src /tmp/relmt-peers/corpus/test.src \\
+        --json docs/results/engines/int8_small_rows.json --md docs/results/engines/int8_small_rows.md
 """
 
 from __future__ import annotations
@@ -68,12 +74,39 @@ def timed(fn, calls: int, repeats: int) -> float:
     return statistics.median(blocks) * 1e6
 
 
+def profile_engine(checkpoint: str, src: Path, quantization: str, n: int) -> dict:
+    """Milliseconds per sentence, one at a time on engine=aoti: in all, and in each profiled operator (self time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from relmt.decode.translator import Translator
+
+    translator = Translator.from_checkpoint(checkpoint, engine="aoti", quantization=quantization)
+    fixed = dict(min_len=20, max_len_a=0.0, max_len_b=20)
+    sentences = [s for s in src.read_text(encoding="utf-8").splitlines() if s.strip()][:n]
+    for s in sentences[:3]:
+        translator.translate([s], **fixed)
+    start = time.perf_counter()
+    for s in sentences:
+        translator.translate([s], **fixed)
+    plain = (time.perf_counter() - start) / n * 1e3
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for s in sentences:
+            translator.translate([s], **fixed)
+    ops = {e.key: e.self_cpu_time_total / 1e3 / n for e in prof.key_averages()}
+    top = dict(sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+    return {"quantization": quantization, "ms_per_sentence": plain, "profiled_ms_per_sentence": sum(ops.values()),
+            "top_ops_ms_per_sentence": top}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[4, 128])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--calls", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--checkpoint", help="also profile engine=aoti float32 and int8 one sentence at a time")
+    ap.add_argument("--src", type=Path)
+    ap.add_argument("--sentences", type=int, default=40)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
     opts = ap.parse_args()
@@ -100,11 +133,20 @@ def main() -> None:
              f"- date: {hw['date']} (git {hw['git']})", "",
              "| linear map | rows | " + " | ".join(cols) + " |", "|---" * (2 + len(cols)) + "|"]
     lines += [f"| {r['shape']} | {r['rows']} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |" for r in rows]
+    engines = [profile_engine(opts.checkpoint, opts.src, q, opts.sentences) for q in ("float32", "int8")] \
+        if opts.checkpoint else []
+    if engines:
+        lines += ["", f"## The compiled graphs, one sentence at a time ({opts.sentences} sentences, beam 4, 20 tokens)",
+                  "", f"engine=aoti on `{opts.checkpoint}`; milliseconds per sentence; the operators torch's profiler "
+                  "sees (self time), the rest being inductor's own loops and Python.", ""]
+        for e in engines:
+            lines += [f"- {e['quantization']}: {e['ms_per_sentence']:.2f} ms a sentence unprofiled; profiled, by "
+                      "operator: " + ", ".join(f"`{k}` {v:.2f}" for k, v in e["top_ops_ms_per_sentence"].items())]
     text = "\n".join(lines) + "\n"
     print(text)
     if opts.json:
         opts.json.write_text(json.dumps({"command": command_line(), "hardware": hw, "threads": opts.threads,
-                                         "rows": rows}, indent=2) + "\n")
+                                         "rows": rows, "engines": engines}, indent=2) + "\n")
     if opts.md:
         opts.md.write_text(text)
 
