@@ -126,7 +126,7 @@ def main() -> None:
         serve_json = tmp / "serve.json"
         subprocess.run([sys.executable, ROOT / "scripts/bench/bench_serve.py", "--checkpoint", checkpoint,
                         "--engine", "aoti", "--src", src, "--clients", "1", "32", "--batching", "continuous",
-                        "--fixed-length", str(args.length), "--requests", str(args.serve_requests),
+                        "--fixed-length", str(args.length), "--beam", "4", "--requests", str(args.serve_requests),
                         "--max-seconds", "60", "--echo", "--json", serve_json, "--md", tmp / "serve.md"], check=True)
         serve = json.loads(serve_json.read_text())
         goals += [(f"relmt-serve engine=aoti continuous: {goal}" if "echo" not in goal else f"relmt-serve: {goal}",

@@ -70,6 +70,11 @@ def load_sentences(opts: argparse.Namespace) -> list[str]:
     return lines
 
 
+def relmt_body_of(opts: argparse.Namespace):
+    """The JSON a relmt-serve client posts: the sentence, and --beam as the request's option (0: the server's)."""
+    return (lambda sentence: {"text": sentence, "options": {"beam": opts.beam}}) if opts.beam else relmt_body
+
+
 def fixed_length(opts: argparse.Namespace) -> dict:
     """The decode settings that force every hypothesis to --fixed-length tokens (none when 0)."""
     n = opts.fixed_length
@@ -99,7 +104,7 @@ def offline(opts: argparse.Namespace, sentences: list[str]) -> dict:
     tune_cpu()
     torch.set_num_threads(opts.threads)
     translator = Translator.from_checkpoint(opts.checkpoint, engine=opts.engine)
-    fixed = fixed_length(opts)
+    fixed = fixed_length(opts) | ({"beam": opts.beam} if opts.beam else {})
     translator.translate(sentences[:4], **fixed)  # warm-up (an engine's first call)
     batch = sent(sentences, opts.requests)
     start = time.perf_counter()
@@ -314,6 +319,8 @@ def markdown(payload: dict) -> str:
              f"{payload['sentences']} sentences from `{payload['src']}`; checkpoint `{payload['checkpoint']}`; "
              f"{', '.join(f'{k} {v}' for k, v in payload['host'].items())}.", "",
              f"Command: `{payload['command']}`", ""]
+    lines += [f"Beam: {payload['beam']} in every request's options and in the references." if payload.get("beam")
+              else "Beam: the checkpoint's decode.beam, which relmt-serve and the references take.", ""]
     if payload.get("fixed_length"):
         lines += [f"Every hypothesis forced to {payload['fixed_length']} tokens (bench_peers.sh's rule), in "
                   "relmt-serve, the references" + (" and onmt_server" if payload.get("onmt_model") else "") + ".", ""]
@@ -355,6 +362,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-wait-ms", type=float, default=30.0, help="relmt-serve's max_wait_ms (its default)")
     parser.add_argument("--batching", nargs="+", choices=["continuous", "batch"], default=["continuous", "batch"])
     parser.add_argument("--fixed-length", type=int, default=0, help="force every hypothesis to N tokens (0: off)")
+    parser.add_argument("--beam", type=int, default=0,
+                        help="the beam every request asks for (its options), and the references' (0: the checkpoint's "
+                             "decode.beam, which relmt-serve takes by default)")
     parser.add_argument("--onmt-model", type=Path, default=None, help="an OpenNMT-py checkpoint for onmt_server")
     parser.add_argument("--echo", action="store_true",
                         help="also the server's own floor: relmt-serve with a translator that answers at once "
@@ -376,7 +386,7 @@ def main(argv: list[str] | None = None) -> dict:
             for clients in opts.clients:
                 before = batch_sizes(server.url)
                 row = {"batching": mode, **asyncio.run(drive(server.url, sentences, clients, opts.requests,
-                                                                opts.max_seconds))}
+                                                                opts.max_seconds, body=relmt_body_of(opts)))}
                 after = batch_sizes(server.url)
                 row["mean_batch"] = (after[0] - before[0]) / max(after[1] - before[1], 1)
                 rows.append(row)
@@ -392,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             for clients in opts.clients:
                 echo[clients] = {"batching": "echo (floor)", **asyncio.run(drive(
-                    server.url, sentences, clients, opts.requests, opts.max_seconds))}
+                    server.url, sentences, clients, opts.requests, opts.max_seconds, body=relmt_body_of(opts)))}
                 rows.append(echo[clients])
                 print(json.dumps(echo[clients]), flush=True)
         finally:
@@ -421,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict:
                "src": str(opts.src or "peer corpus test.src"), "sentences": len(sentences), "host": host(),
                "batching": opts.batching, "offline": ref, "offline_runs": refs, "levels": rows,
                "goals": goals(first, ref, onmt, echo),
-               "fixed_length": opts.fixed_length, "onmt_model": str(opts.onmt_model or ""),
+               "fixed_length": opts.fixed_length, "beam": opts.beam, "onmt_model": str(opts.onmt_model or ""),
                "exit_status": status, "exit_statuses": statuses}
     opts.json.parent.mkdir(parents=True, exist_ok=True)
     opts.json.write_text(json.dumps(payload, indent=2) + "\n")

@@ -83,6 +83,8 @@ def load(opts: argparse.Namespace):
     if opts.fixed_length:
         n = opts.fixed_length
         translator.decode = replace(translator.decode, min_len=n, max_len_a=0.0, max_len_b=n)
+    if getattr(opts, "beam", 0):
+        translator.decode = replace(translator.decode, beam=opts.beam)
     return translator
 
 
@@ -196,7 +198,8 @@ def markdown(payload: dict) -> str:
              "", f"- command: `{payload['command']}`",
              f"- hardware: {payload['hardware'].get('cpu', '?')}, {payload['hardware'].get('cpu_count')} cores, "
              f"torch {payload['hardware']['torch']}",
-             f"- date: {payload['date']}", "",
+             f"- date: {payload['date']}",
+             f"- beam: {payload.get('beam') or 'the checkpoint' + chr(39) + 's decode.beam'}", "",
              "Offline: the Translator in the same decoding thread, just before each level (32 per batch, and one at a "
              "time).", "",
              "| clients | offline 32 per batch, sentences/s | offline one at a time, p50 ms | sentences/s | "
@@ -228,6 +231,7 @@ def main() -> None:
     ap.add_argument("--single-n", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fixed-length", type=int, default=0)
+    ap.add_argument("--beam", type=int, default=0, help="every request's beam (0: the checkpoint's decode.beam)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
     opts = ap.parse_args()
@@ -240,7 +244,7 @@ def main() -> None:
         print(json.dumps(levels[-1]), flush=True)
     payload = {"command": command_line(), "hardware": hardware(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engine": opts.engine,
-               "threads": opts.threads, "levels": levels}
+               "threads": opts.threads, "beam": opts.beam, "levels": levels}
     text = markdown(payload)
     print(text)
     if opts.json:
