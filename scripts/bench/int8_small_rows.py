@@ -81,7 +81,7 @@ def profile_engine(checkpoint: str, src: Path, quantization: str, n: int) -> dic
     from relmt.decode.translator import Translator
 
     translator = Translator.from_checkpoint(checkpoint, engine="aoti", quantization=quantization)
-    fixed = dict(min_len=20, max_len_a=0.0, max_len_b=20)
+    fixed = dict(beam=4, lenpen=0.6, min_len=20, max_len_a=0.0, max_len_b=20)  # bench_peers' regime
     sentences = [s for s in src.read_text(encoding="utf-8").splitlines() if s.strip()][:n]
     for s in sentences[:3]:
         translator.translate([s], **fixed)
