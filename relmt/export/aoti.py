@@ -170,6 +170,8 @@ def released_call(path: Path):
     if not all(hasattr(aoti, f) for f in ("unsafe_alloc_void_ptrs_from_tensors",
                                           "alloc_tensors_by_stealing_from_void_ptrs")):
         return None
+    if not zipfile.is_zipfile(path):  # not a package this can read: torch's loader says what is wrong with it
+        return None
     with zipfile.ZipFile(path) as z:
         names = z.namelist()
         libraries = [n for n in names if n.endswith(".so")]
@@ -180,6 +182,8 @@ def released_call(path: Path):
         folder = Path(tempfile.mkdtemp(prefix="relmt-aoti-"))
         try:
             library = ctypes.CDLL(z.extract(libraries[0], folder))
+        except OSError:  # a library this process cannot load: torch's loader then tries, and says why
+            return None
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the library stays loaded
     handle, outputs = ctypes.c_void_p(), ctypes.c_size_t()
