@@ -110,7 +110,7 @@ def test_the_serving_split_accounts_for_the_decoding_threads_time(tmp_path):
 
     split = load_script("serve_split")
     opts = Namespace(checkpoint=str(ckpt_for(tmp_path)), engine="torch", quantization="float32", threads=1,
-                     fixed_length=0, single_n=2)
+                     fixed_length=0, beam=0, single_n=2)
     sentences = ["the cat sat on the mat", "a dog", "the bird is on the house", "a cat"]
     row = split.level(opts, sentences, clients=3, requests=8)
     assert row["offline"]["batch32_sent_per_s"] > 0 and row["offline"]["single_p50_s"] > 0

@@ -208,5 +208,4 @@ def released_call(path: Path):
             raise RuntimeError(f"{path}: the compiled model failed (AOTInductorModelContainerRun)")
         return tuple(aoti.alloc_tensors_by_stealing_from_void_ptrs([capsule(p, None, None) for p in out]))
 
-    call.container = handle  # kept for the process's life, as the loaded library
-    return call
+    return call  # the container and its library stay for the process's life

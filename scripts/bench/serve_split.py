@@ -66,10 +66,6 @@ class Clock:
                     self.stack[-1][2] += spent
         return timed
 
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.calls.clear()
-
 
 def load(opts: argparse.Namespace):
     import torch
@@ -83,7 +79,7 @@ def load(opts: argparse.Namespace):
     if opts.fixed_length:
         n = opts.fixed_length
         translator.decode = replace(translator.decode, min_len=n, max_len_a=0.0, max_len_b=n)
-    if getattr(opts, "beam", 0):
+    if opts.beam:
         translator.decode = replace(translator.decode, beam=opts.beam)
     return translator
 
