@@ -28,8 +28,8 @@ indexing, masked_select, repeat_interleave without output_size, unique); a GPU s
 
 Out of its reach: torch.compile (Dynamo and Inductor see the wrapper, not CUDA), streams, events, NCCL and
 `torch.distributed`, CUDA graphs, kernels' numerics (bf16 runs on the CPU's bf16 kernels), memory limits, and
-a CUDA op that the CPU lacks (or the reverse). A metadata-changing in-place op (`resize_`, `set_`, `t_`) is
-refused rather than mis-tracked.
+a CUDA op that the CPU lacks (or the reverse), except those in `_CUDA_ONLY`, computed as CUDA computes them.
+A metadata-changing in-place op (`resize_`, `set_`, `t_`) is refused rather than mis-tracked.
 """
 
 from __future__ import annotations
@@ -192,7 +192,10 @@ class Lane:
         uargs, ukwargs = unwrapped
         if to_lane:
             ukwargs = {**ukwargs, "device": torch.device(self.data)}
-        out = func(*uargs, **ukwargs)
+        if func in _CUDA_ONLY and self.data != "meta":
+            out = _CUDA_ONLY[func](*uargs, **ukwargs)
+        else:
+            out = func(*uargs, **ukwargs)
         if self.on_op is not None:
             self.on_op(func, uargs, ukwargs, out)
         if func in _TRANSFERS:
@@ -240,6 +243,9 @@ class Lane:
 
 
 _TRANSFERS = {aten._to_copy.default}
+# ops that CUDA has and the CPU lacks, run on the CPU data as CUDA computes them: bmm with a float32 output for
+# half-precision operands (cuBLAS accumulates and writes in float32)
+_CUDA_ONLY = {aten.bmm.dtype: lambda a, b, out_dtype: torch.bmm(a.to(out_dtype), b.to(out_dtype))}
 _SYNCING = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten.unique_dim, aten._unique2,
             aten._unique, aten.unique_consecutive, aten.equal, aten.is_nonzero, aten.nonzero_static}
 _INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_, aten._unsafe_index,

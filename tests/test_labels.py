@@ -145,3 +145,43 @@ def test_bench_label_sums_runs_and_checks_each_variant(tmp_path, monkeypatch):
     bench.main()
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == ["product", "masked", "scans", "scatter_add"]
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_on_cuda_the_tails_accumulate_in_float32_whatever_autocast_says(autocast):
+    """Under the device lane, bf16 values (a training step's, under bf16 autocast or not): every matrix product of
+    the sums writes float32 (the accumulation cuBLAS's reduced-precision flag cannot move to bf16), and the sums
+    are the float64 sums of the same bf16 values rounded once. Long rows (m = 1024, tails of ~1,000 keys) make a
+    bf16 accumulation miss by far more than one rounding."""
+    from tests.fake_cuda import fake_cuda, on_cpu
+
+    n, m, k = 6, 1024, 4
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, n, m).bfloat16()  # positive: a tail's sum grows to ~500, where a bf16 step is 2 or 4
+    index = relative_index(n, m, k, 0)
+    products = []
+    with fake_cuda() as lane:
+        lane.on_op = lambda func, args, kwargs, out: (
+            products.append((str(func), out.dtype)) if func.overloadpacket in (torch.ops.aten.bmm,
+                                                                              torch.ops.aten.mm) else None)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            got = on_cpu(labels.sum_labels(x.cuda(), index.cuda(), k, 0))
+    assert products and all(dtype == torch.float32 for _, dtype in products), products
+    exact = scatter(x.double(), index, k)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_on_cuda_bf16_tails_are_summed_in_float32_with_reduced_precision_reductions_allowed(monkeypatch):
+    """The flag that lets cuBLAS reduce bf16 products partly in bf16 is on (its default): the sums still equal the
+    float64 sums of the same values within one bf16 rounding."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", True)
+    torch.manual_seed(0)
+    n, m, k = 64, 4096, 16
+    x = torch.rand(8, 8, n, m, device="cuda").bfloat16()
+    index = relative_index(n, m, k, 0, torch.device("cuda"))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = labels.sum_labels(x, index, k, 0)
+    exact = scatter(x.double(), index, k)
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-6)

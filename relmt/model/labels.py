@@ -10,7 +10,12 @@ On the CPU these are torch's gather and scatter_add. On CUDA scatter_add is one 
 the keys of a clipped tail (j - i <= -k, or >= k) add into the same address of their row, so they queue.
 There `sum_labels` reads the band |j - i| < k with a gather (one key per label) and both tails with one
 batched product against the rows' tail masks, (n, B*H, m) @ (n, m, 2): x is read once, on the matrix units,
-summed in float32 or wider, deterministic, and with no subtraction; `gather_labels`' backward is that sum.
+deterministic, and with no subtraction; `gather_labels`' backward is that sum.
+
+The tails are accumulated in float32 (or wider) by construction, not by a global flag: the product runs
+outside autocast, in x's own dtype, and bf16/fp16 operands write a float32 output (`bmm(..., out_dtype=
+float32)` on CUDA), so cuBLAS's reduced-precision reduction (`allow_bf16_reduced_precision_reduction`, on by
+default), which reduces in the output's dtype, has no bf16 to reduce in. The sums are rounded to x's dtype once.
 (Until 2026-11-28 the tails were prefix and suffix scans: two cumsums and a flip of (B, H, n, m) each, 113 ms
 of rel's 471 ms step on an H200.)
 """
@@ -67,5 +72,16 @@ def _sum_without_atomics(x: Tensor, k: int, q_offset: int) -> Tensor:
     d = torch.arange(m, device=x.device) - i  # (n, m): j - i
     tails = torch.stack((d <= -k, d >= k), dim=-1).to(x.dtype)  # (n, m, 2): the lower and the upper tail
     rows = x.reshape(-1, n, m).transpose(0, 1)  # (n, B*H, m), a view where x is contiguous
-    sums = torch.bmm(rows, tails).transpose(0, 1).reshape(*lead, 2)  # (..., n, 2), accumulated in float32
+    sums = _tail_sums(rows, tails).to(x.dtype).transpose(0, 1).reshape(*lead, 2)  # (..., n, 2)
     return torch.cat((sums[..., :1], band, sums[..., 1:]), dim=-1)
+
+
+def _tail_sums(rows: Tensor, tails: Tensor) -> Tensor:
+    """(n, B*H, m) @ (n, m, 2) in float32 or wider, whatever autocast or cuBLAS's flags say (the module's
+    docstring): half-precision rows give a float32 product, written by the GEMM itself on CUDA."""
+    with torch.autocast(rows.device.type, enabled=False):
+        if rows.dtype not in (torch.float16, torch.bfloat16):
+            return torch.bmm(rows, tails.to(rows.dtype))
+        if rows.is_cuda:
+            return torch.bmm(rows, tails.to(rows.dtype), out_dtype=torch.float32)
+        return torch.bmm(rows.float(), tails.float())

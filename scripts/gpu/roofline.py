@@ -93,6 +93,8 @@ def on_op(func, args, kwargs, out) -> None:
     flat_out = [t for t in torch.utils._pytree.tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     flops = 0
     if packet in flop_registry:
+        if func in (aten.bmm.dtype, aten.mm.dtype):  # the output dtype is not a shape: the products' FLOPs alone
+            args, kwargs = args[:2], {}
         flops = flop_registry[packet](*args, **kwargs, out_val=out)
     nbytes = sum(distinct_bytes(t) for t in flat_in + flat_out)
     OPS.append({"op": str(packet).removeprefix("aten."), "flops": float(flops), "bytes": nbytes})
