@@ -1,7 +1,7 @@
 """What scripts/bench/bench_serve.py computes from its measurements: the issue's ratios and the floor that
 Little's law puts under the p99 ratio, and the sentences its references decode."""
 
-from tests.scripts_import import load_script
+from tests.scripts_import import ROOT, load_script
 
 bs = load_script("bench_serve")
 
@@ -50,6 +50,15 @@ def test_the_ratios_take_the_faster_reference():
     after = {"batch32_sent_per_s": 200.0, "single_p50_s": 0.036, "single_n": 300, "batch32_n": 300}
     ref = bs.faster([before, after])
     assert (ref["batch32_sent_per_s"], ref["single_p50_s"], ref["single_n"]) == (200.0, 0.030, 300)
+
+
+def test_the_serving_pages_table_is_up_to_date():
+    """docs/serving.md holds the summary of the committed serve pages between its markers (scripts/docs/page_block.py),
+    written by scripts/bench/serve_summary.py from their JSON."""
+    summ = load_script("serve_summary")
+    committed = (ROOT / "docs/serving.md").read_text()
+    assert committed == summ.page(committed), \
+        "docs/serving.md's table of serve pages is stale: run python scripts/bench/serve_summary.py"
 
 
 def test_the_summary_reads_each_page_json(tmp_path):

@@ -1,4 +1,4 @@
-"""docs/gpu.md's computed plan (issue 58): the committed snippet is what scripts/docs/gpu_plan.py computes from
+"""docs/gpu.md's computed plan (issue 58): the table in the page is what scripts/docs/gpu_plan.py computes from
 docs/results/gpu/gpu_issue43.json and the configs, and its rules are the documented ones. Needs no GPU and
 reads nothing outside the repository."""
 
@@ -9,11 +9,41 @@ import pytest
 from tests.scripts_import import ROOT, load_script
 
 
-def test_the_committed_snippet_is_up_to_date():
+def test_the_table_in_the_page_is_up_to_date():
     plan = load_script("gpu_plan")
-    committed = (ROOT / "docs/snippets/gpu_plan.md").read_text()
-    assert committed == plan.snippet(), "docs/snippets/gpu_plan.md is stale: run python scripts/docs/gpu_plan.py"
-    assert '--8<-- "gpu_plan.md"' in (ROOT / "docs/gpu.md").read_text()
+    committed = (ROOT / "docs/gpu.md").read_text()
+    assert committed == plan.page(committed), "docs/gpu.md's cost table is stale: run python scripts/docs/gpu_plan.py"
+
+
+def test_the_table_says_which_measurement_rel_is_and_sets_the_forecast_beside_it():
+    """rel's step time is 2026-11-27's code: the table names that day, what 2026-11-28 measured in between and
+    the roofline forecast for today's code, each from its committed results file."""
+    plan = load_script("gpu_plan")
+    rows = plan.plans()
+    s = plan.since(rows)
+    measured = json.loads(plan.MEASURED.read_text())
+    assert s["measured_base"] == next(r["over_abs_step_time"] for r in measured["train"] if r["system"] == "relmt"
+                                      and r["size"] == "base" and r["positions"] == "rel")
+    assert s["later_date"] == "2026-11-28" and s["later"] > s["measured_base"]  # the scans: slower, not faster
+    assert s["forecast_size"] == "base" and s["forecast"]["abs"] == 1.0 and s["roofline_before"] > s["forecast"]["rel"]
+    text = plan.table(rows)
+    assert measured["hardware"]["date"] in text and "forecast, not measured" in text
+    row = next(line for line in text.splitlines() if line.startswith("| base | rel |"))
+    assert f"| {s['measured_base']:.2f} | {s['forecast']['rel']:.2f} |" in row
+    assert next(line for line in text.splitlines() if line.startswith("| big | rel |")).count("| — |") == 1
+    for figure in (s["measured_base"], s["later"], s["roofline_before"]):
+        assert f"{figure:.2f}x" in text
+
+
+def test_the_page_block_replaces_only_what_lies_between_its_markers():
+    block = load_script("page_block")
+    begin, end = block.markers("scripts/x.py")
+    page = f"# Page\n\nbefore\n\n{begin}\nold\n{end}\n\nafter\n"
+    assert block.replaced(page, "scripts/x.py", "| a |\n|---|\n") == (
+        f"# Page\n\nbefore\n\n{begin}\n\n| a |\n|---|\n\n{end}\n\nafter\n")
+    for broken in ("# Page\n", page.replace(end, ""), page + begin + "\n", f"{end}\n{begin}\n"):
+        with pytest.raises(ValueError, match="needs one"):
+            block.replaced(broken, "scripts/x.py", "x")
 
 
 def test_the_batch_rule_keeps_the_update_at_49152_padded_tokens():

@@ -3,20 +3,28 @@
 each page's server modes at 1, 32 and 128 clients beside its offline references, and the issue's goal ratios.
 Nothing is measured here; every figure is read from the JSON that bench_serve.py wrote beside its page.
 
-    python scripts/bench/serve_summary.py      # writes docs/snippets/serve_summary.md
+    python scripts/bench/serve_summary.py      # rewrites the table in docs/serving.md
 
-docs/serving.md includes that file (pymdownx.snippets; docs/snippets/ is not a page of its own), so its links
-are relative to docs/.
+The table is written into docs/serving.md itself, between the marker comments of scripts/docs/page_block.py, so
+that the page reads whole on GitHub too; its links are relative to docs/. tests/test_bench_serve_goals.py
+regenerates it in memory and fails when the committed page differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts/docs"))
+
+from page_block import replaced  # noqa: E402
+
 PERF = ROOT / "docs/results/performance"
+PAGE = ROOT / "docs/serving.md"
+SCRIPT = "scripts/bench/serve_summary.py"  # as the page's markers name it
 PAGES = ("serve_cpu", "serve_cpu_1thread", "serve_cpu_aoti", "serve_vs_onmt", "serve_aoti_amd_epyc")
 
 
@@ -62,13 +70,18 @@ def summary(perf: Path, links: str = "results/performance/") -> str:
     return "\n".join(lines)
 
 
+def page(text: str | None = None, perf: Path = PERF) -> str:
+    """docs/serving.md (or `text`) with the table between its markers written anew."""
+    return replaced(PAGE.read_text() if text is None else text, SCRIPT, summary(perf))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--perf", type=Path, default=PERF, help="the folder of the serve_*.json pages")
-    parser.add_argument("--md", type=Path, default=ROOT / "docs/snippets/serve_summary.md")
+    parser.add_argument("--page", type=Path, default=PAGE, help="the page that holds the table between its markers")
     opts = parser.parse_args(argv)
-    opts.md.write_text(summary(opts.perf))
-    print(f"wrote {opts.md}")
+    opts.page.write_text(page(opts.page.read_text(), opts.perf))
+    print(f"wrote the table into {opts.page}")
 
 
 if __name__ == "__main__":

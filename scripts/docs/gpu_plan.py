@@ -1,10 +1,10 @@
-"""docs/snippets/gpu_plan.md: what the paper's WMT14 EN-DE runs need on GPUs (wall time, GPU memory, disk),
-computed, not measured, from the one measurement there is and from the configs.
+"""docs/gpu.md's cost table: what the paper's WMT14 EN-DE runs need on GPUs (wall time, GPU memory, disk),
+computed, not measured, from the one measurement of every mode at both sizes and from the configs.
 
 The measurement is docs/results/gpu/gpu_issue43.json: relmt's training step on one H200 in bf16, each size and
 position mode, on batches of at most 81,858 padded tokens of real en-de text (scripts/bench/bench_train.py).
 The runs are configs/experiment/table1_{base,big}_ende.yaml, composed as relmt-train composes them. Each figure
-is one of these, and the snippet says which:
+is one of these, and the table says which:
 
 - time per update = the measured step time x (the update's padded tokens / the measured step's), assuming
   time grows linearly with padded tokens; N GPUs take 1/N of it (linear scaling: the best case);
@@ -13,9 +13,16 @@ is one of these, and the snippet says which:
 - disk = a relmt-prepare cache entry of the WMT-like text, measured (WMT_LIKE_CACHE, `--measure-cache`) and
   scaled by pairs to WMT14 EN-DE, plus checkpoints of parameters x 12 bytes (fp32 weights and Adam's moments).
 
-tests/test_gpu_plan.py regenerates the snippet in memory and fails when the committed one differs.
+rel's and both's step times are those of 2026-11-27's code, which has changed twice since: the table sets each
+mode's step time / abs that day beside the roofline forecast for today's code (docs/results/gpu/roofline_after.json,
+traced on a CPU, not measured), and says what the call of 2026-11-28 measured in between
+(docs/results/gpu/2026-11-28/train43.json).
 
-    python scripts/docs/gpu_plan.py                        # writes docs/snippets/gpu_plan.md
+The table is written into docs/gpu.md itself, between the marker comments of scripts/docs/page_block.py, so that
+the page reads whole on GitHub too; tests/test_gpu_plan.py regenerates it in memory and fails when the committed
+page differs.
+
+    python scripts/docs/gpu_plan.py                        # rewrites the table in docs/gpu.md
     python scripts/docs/gpu_plan.py --measure-cache DIR    # a prepared cache entry's bytes, for WMT_LIKE_CACHE
 """
 
@@ -29,9 +36,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MEASURED = ROOT / "docs/results/gpu/gpu_issue43.json"
-SNIPPET = ROOT / "docs/snippets/gpu_plan.md"
+from page_block import replaced  # noqa: E402
+
+MEASURED = ROOT / "docs/results/gpu/gpu_issue43.json"  # 2026-11-27: every mode, base and big
+LATER = ROOT / "docs/results/gpu/2026-11-28/train43.json"  # 2026-11-28: base only, the label sums by scans
+ROOFLINE = {"before": ROOT / "docs/results/gpu/roofline_before.json",  # the scans, as 2026-11-28 ran them
+            "after": ROOT / "docs/results/gpu/roofline_after.json"}  # today's code: one masked product
+PAGE = ROOT / "docs/gpu.md"
+SCRIPT = "scripts/docs/gpu_plan.py"  # as the page's markers name it
 EXPERIMENTS = {"base": "table1_base_ende", "big": "table1_big_ende"}
 POSITIONS = ("abs", "rel", "both")  # Table 1's columns, and the modes measured
 GPUS = 8  # the paper's (Shaw et al. §4.1: 8 K40 for base, 8 P100 for big)
@@ -118,7 +132,26 @@ def checkpoints(plan: dict) -> tuple[float, int, float]:
     return one, t.keep_last + 1, one * (t.keep_last + 1) + averaged
 
 
-def snippet(rows: list[dict] | None = None) -> str:
+def since(rows: list[dict]) -> dict:
+    """What is known of rel's step time / abs's after the measurement the table is computed from: the call of
+    2026-11-28 (base; the label sums by scans) and the roofline estimates, traced on a CPU, of the scans and of
+    today's masked product (base, bf16, at an H200's peaks; a forecast, not a measurement)."""
+    later = json.loads(LATER.read_text())
+    roofline = {k: json.loads(p.read_text()) for k, p in ROOFLINE.items()}
+    base = next(r for r in rows if r["size"] == "base" and r["positions"] == "rel")
+    big = next(r for r in rows if r["size"] == "big" and r["positions"] == "rel")
+    return {"measured_base": base["measured"]["over_abs_step_time"],
+            "measured_big": big["measured"]["over_abs_step_time"],
+            "later": next(r["over_abs_step_time"] for r in later["rows"] if r.get("system") == "relmt"
+                          and r["size"] == "base" and r["positions"] == "rel"),
+            "later_date": later["hardware"]["date"][:10],
+            "roofline_before": roofline["before"]["results"]["rel"]["ratio_to_abs"],
+            "forecast": {p: r["ratio_to_abs"] for p, r in roofline["after"]["results"].items()},
+            "forecast_size": roofline["after"]["shape"]["model"].split()[0]}
+
+
+def table(rows: list[dict] | None = None) -> str:
+    """The Markdown that docs/gpu.md holds between scripts/docs/page_block.py's markers."""
     rows = plans() if rows is None else rows
     hw = json.loads(MEASURED.read_text())["hardware"]
     base = next(r for r in rows if r["size"] == "base" and r["positions"] == "rel")
@@ -126,27 +159,46 @@ def snippet(rows: list[dict] | None = None) -> str:
     freq_n, micro_n = batch_rule(GPUS, t.update_freq, f["update"])
     micro_1 = batch_rule(1, t.update_freq, f["update"])[1]
     m = base["measured"]
+    s = since(rows)
+    day = hw["date"][:10]
+    abs_n = figures(next(r for r in rows if r["size"] == "base" and r["positions"] == "abs"))["hours_n"]
     lines = [
-        "Written by `python scripts/docs/gpu_plan.py`: **computed, not measured**. The inputs are "
-        f"[gpu_issue43.json](results/gpu/gpu_issue43.md) (one {hw['gpu']}, bf16, torch {hw['torch']}, "
-        f"{hw['date']}, git {hw['git']}: each mode's step on batches of at most {m['max_padded_tokens']:,} "
-        "padded tokens of real en-de text) and the composed `experiment=table1_base_ende` and "
-        "`table1_big_ende` configs.",
+        "Written by `python scripts/docs/gpu_plan.py`: **computed, not measured**. Every time below is computed "
+        f"from one measurement, [gpu_issue43.json](results/gpu/gpu_issue43.md) (one {hw['gpu']}, bf16, "
+        f"torch {hw['torch']}, {hw['date']}, git {hw['git']}: each mode's step on batches of at most "
+        f"{m['max_padded_tokens']:,} padded tokens of real en-de text), the last that timed every mode at both "
+        "sizes, and from the composed `experiment=table1_base_ende` and `table1_big_ende` configs. rel's and "
+        f"both's rows time {day}'s code, which has changed since: the forecast column and the first note below "
+        "say what is known of today's.",
         "",
-        f"| model | positions | updates | measured: ms per step ({m['max_padded_tokens']:,} padded tokens) "
+        f"| model | positions | updates | measured {day}: ms per step ({m['max_padded_tokens']:,} padded tokens) "
+        f"| measured {day}: step time ÷ abs | forecast, not measured: step time ÷ abs (roofline, "
+        f"{s['forecast_size']} only) "
         f"| measured: target tok/s | s per update ({f['update']:,} padded tokens) | hours, 1 GPU "
         f"| hours, {GPUS} GPUs | measured peak GiB ({m['max_padded_tokens']:,}) "
         f"| GiB per GPU, 1 GPU ({micro_1:,} per micro-batch) "
         f"| GiB per GPU, {GPUS} GPUs ({micro_n:,} per micro-batch) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         g = figures(r)
+        forecast = f"{s['forecast'][r['positions']]:.2f}" if r["size"] == s["forecast_size"] else "—"
         lines.append(f"| {r['size']} | {r['positions']} | {r['train'].max_steps:,} | {r['measured']['step_ms']:.0f} "
+                     f"| {r['measured']['over_abs_step_time']:.2f} | {forecast} "
                      f"| {r['measured']['tgt_tokens_per_s']:,.0f} | {g['update_s']:.3f} | {g['hours_1']:.1f} "
                      f"| {g['hours_n']:.2f} | {g['peak_gib']:.1f} | {g['memory_1']:.1f} | {g['memory_n']:.1f} |")
     lines += [
         "",
+        f"- **rel and both are {day}'s code.** That day base rel took {s['measured_base']:.2f}x abs's step time "
+        f"and big rel {s['measured_big']:.2f}x, with its sums per label by scatter_add. The call of "
+        f"{s['later_date']} ([its page](results/gpu/2026-11-28/README.md)) timed the prefix scans that had replaced "
+        f"them at {s['later']:.2f}x in base (big was not reached). Since then (issue 68) the sums are one masked "
+        "product, timed on no GPU yet. The forecast column is a roofline estimate traced on a CPU "
+        "([roofline_after](results/gpu/roofline_after.md)), which leaves out launch overheads and kernels that "
+        f"miss their peak: the same estimate put the scans at {s['roofline_before']:.2f}x "
+        f"([roofline_before](results/gpu/roofline_before.md)) where the GPU measured {s['later']:.2f}x. At the "
+        f"forecast, base rel would take {abs_n * s['forecast']['rel']:.2f} hours on {GPUS} GPUs, not the table's "
+        f"{f['hours_n']:.2f}: a forecast, which the next GPU call measures.",
         f"- **Time** = the measured step time x {f['update']:,} / {m['max_padded_tokens']:,} (an update's padded "
         "tokens over the measured step's: time taken as linear in padded tokens) x the updates (`train.max_steps`), "
         f"then / {GPUS} for {GPUS} GPUs. That division assumes linear scaling, the best case: it leaves out DDP's "
@@ -198,17 +250,22 @@ def snippet(rows: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
+def page(text: str | None = None, rows: list[dict] | None = None) -> str:
+    """docs/gpu.md (or `text`) with the table between its markers written anew."""
+    return replaced(PAGE.read_text() if text is None else text, SCRIPT, table(rows))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=SNIPPET)
+    parser.add_argument("--page", type=Path, default=PAGE, help="the page that holds the table between its markers")
     parser.add_argument("--measure-cache", type=Path, metavar="DIR",
                         help="print the bytes of a prepared cache entry (data/cache/NAME-KEY) and exit")
     opts = parser.parse_args(argv)
     if opts.measure_cache:
         print(json.dumps(measure_cache(opts.measure_cache)))
         return
-    opts.out.write_text(snippet())
-    print(f"wrote {opts.out}")
+    opts.page.write_text(page(opts.page.read_text()))
+    print(f"wrote the table into {opts.page}")
 
 
 if __name__ == "__main__":
