@@ -69,6 +69,11 @@ class FusedAttention(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
 
+# "a base bf16 step": the shape and the peaks the estimate takes by default (tests/test_gpu_costs.py holds rel / abs
+# there to its ceiling in scripts/gpu/ceilings.json)
+BASE_STEP = {"batch": 900, "src_len": 45, "tgt_len": 45, "vocab": 32000, "k": 16}
+PEAKS = {"tflops": 790.0, "tbps": 4.3}  # an H200's bf16 dense FLOP/s (10^12) and memory bandwidth (TB/s)
+
 OPS: list[dict] = []
 
 
@@ -144,13 +149,13 @@ def roofline(ops: list[dict], flops_peak: float, bandwidth: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--positions", nargs="+", default=["abs", "rel", "both", "rope", "alibi", "t5"])
-    ap.add_argument("--batch", type=int, default=900, help="sentences per batch")
-    ap.add_argument("--src-len", type=int, default=45, help="padded source length")
-    ap.add_argument("--tgt-len", type=int, default=45, help="padded target length")
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--k", type=int, default=16, help="max_relative_position")
-    ap.add_argument("--tflops", type=float, default=790.0, help="peak bf16 dense TFLOP/s (H200: about 790)")
-    ap.add_argument("--tbps", type=float, default=4.3, help="peak memory bandwidth TB/s (H200: about 4.3)")
+    ap.add_argument("--batch", type=int, default=BASE_STEP["batch"], help="sentences per batch")
+    ap.add_argument("--src-len", type=int, default=BASE_STEP["src_len"], help="padded source length")
+    ap.add_argument("--tgt-len", type=int, default=BASE_STEP["tgt_len"], help="padded target length")
+    ap.add_argument("--vocab", type=int, default=BASE_STEP["vocab"])
+    ap.add_argument("--k", type=int, default=BASE_STEP["k"], help="max_relative_position")
+    ap.add_argument("--tflops", type=float, default=PEAKS["tflops"], help="peak bf16 dense TFLOP/s (H200: about 790)")
+    ap.add_argument("--tbps", type=float, default=PEAKS["tbps"], help="peak memory bandwidth TB/s (H200: about 4.3)")
     ap.add_argument("--label", default="", help="a name for this estimate (e.g. 'after', the git revision)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--md", type=Path)
