@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: train test test-fast test-exhaustive test-gpu test-all lint docs docs-serve
+.PHONY: train test test-fast test-exhaustive test-gpu test-all rehearse-gpu lint docs docs-serve
 
 # torch is pinned and installed first: a CPU wheel of 2.13.0 lies on these machines, while a bare
 # `torch` requirement would pull a multi-GB CUDA build. pyproject.toml asks for torch>=2.11 (the oldest tested: the GPU machine's). Elsewhere,
@@ -46,6 +46,12 @@ test-gpu: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest $(XDIST)
+
+# The next GPU lease's calls (scripts/gpu/call.sh 1 and 2) rehearsed on the CPU, every phase at tiny shapes inside
+# the device lane, the wheels they carry checked against the GPU image (scripts/gpu/rehearse.sh; a few minutes;
+# fetches .whl/ from PyPI once). CI runs it after make test.
+rehearse-gpu: $(STAMP)
+	PY=$(abspath $(PY)) bash scripts/gpu/rehearse.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check relmt scripts tests

@@ -128,3 +128,14 @@ def write_json(path: str | Path, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def flop_counter() -> torch.utils.flop_counter.FlopCounterMode:
+    """torch's FlopCounterMode, able to count `bmm(..., out_dtype=float32)` (relmt/model/labels.py's float32 sums of
+    half-precision rows on CUDA): torch's formula for bmm takes the overload's dtype for a shape and raises."""
+    from torch.utils.flop_counter import FlopCounterMode, bmm_flop
+
+    def bmm(a_shape, b_shape, *dtype, out_shape=None, **kwargs) -> int:
+        return bmm_flop(a_shape, b_shape)
+
+    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.bmm: bmm})

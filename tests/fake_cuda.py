@@ -342,6 +342,13 @@ def _list_indices(index):
     return index
 
 
+def _as_cuda(real, device_type=None):
+    """torch.is_autocast_enabled / get_autocast_dtype with "cuda" answered for the lane."""
+    if device_type is None:
+        return real()
+    return real(NAME if device_type == "cuda" else device_type)
+
+
 class _Autocast(torch.autocast):
     """torch.autocast("cuda") as the lane's autocast."""
 
@@ -387,6 +394,9 @@ def fake_cuda(data: str = "cpu") -> Iterator[Lane]:
         mp.setattr(torch.autograd, "_engine_run_backward", run_backward)
         mp.setattr(torch, "autocast", _Autocast)
         mp.setattr(torch.amp, "autocast", _Autocast)
+        # CUDA's autocast state is the lane's (torch.utils.checkpoint reads it to recompute a block as it ran)
+        for name in ("is_autocast_enabled", "get_autocast_dtype"):
+            mp.setattr(torch, name, functools.partial(_as_cuda, getattr(torch, name)))
         old, _current = _current, lane
         stack.callback(_restore, old)
         stack.enter_context(_Functions())

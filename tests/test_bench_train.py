@@ -217,3 +217,25 @@ def test_a_size_that_runs_out_of_gpu_memory_is_measured_again_on_smaller_batches
                                            "max_padded_tokens": 6, "note": "out of memory at 9"}]
     (row,) = bench.measure_fitting("big", args, None, 10, ["batch"] * 9, torch.device("cpu"), None, 1.0, False)
     assert row["error"] == "CUDA out of memory at 9 and at 6 padded tokens a batch" and row["positions"] == "abs rel"
+
+
+def test_mfu_counts_a_cuda_rel_steps_float32_label_sums():
+    """bench_train's FLOP count (relmt.bench.flop_counter) on a bf16 rel training step on "CUDA" (the device lane):
+    the label sums' bmm with a float32 output (relmt/model/labels.py) is counted, where torch's own formula raised
+    (its rehearsal found this before a GPU call did)."""
+    import torch
+
+    from relmt.bench import flop_counter
+    from relmt.config import ModelConfig, PosKind
+    from relmt.model.transformer import build_model
+    from tests.fake_cuda import fake_cuda
+
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1, positions=PosKind.rel,
+                      max_relative_position=2)
+    src = torch.tensor([[5, 6, 7, 8, 9, 2]])
+    with fake_cuda():
+        net = build_model(cfg, 20, 0).cuda()
+        with flop_counter() as counter, torch.autocast("cuda", dtype=torch.bfloat16):
+            net(src.cuda(), src.cuda()).float().sum().backward()
+    bmm = counter.get_flop_counts()["Global"].get(torch.ops.aten.bmm, 0)
+    assert bmm > 0 and counter.get_total_flops() > bmm

@@ -144,11 +144,10 @@ NN_LENGTH = 80  # source and target tokens: more than d_ff (64) and the vocabula
 def nn_tensors_in_chunked_route() -> tuple[list[tuple[str, tuple]], int, bool]:
     """The op outputs of one forward and backward of a tiny rel model (attention dropout on) on the chunked
     route, shapes alone on the lane, whose last two dimensions are at least (n, n); the route's block rows; and
-    whether blocks of those rows ran.
-    In float32: in bf16 the lane's checkpointed recomputation would run without the autocast it ran under
-    (torch.utils.checkpoint restores CUDA's autocast state, and the lane's autocast is another device's).
-    Cross-attention runs as the fused kernel a GPU runs (scripts/gpu/roofline.py's stand-in for
-    scaled_dot_product_attention): on the lane its math decomposition would hold the (B, H, n, m) weights."""
+    whether blocks of those rows ran. In bf16 under CUDA's autocast, as training runs (the lane answers CUDA's
+    autocast state for torch.utils.checkpoint's recomputation). Cross-attention runs as the fused kernel a GPU
+    runs (scripts/gpu/roofline.py's stand-in for scaled_dot_product_attention): on the lane its math decomposition
+    would hold the (B, H, n, m) weights."""
     roof = load_script("roofline")
     n, vocab = NN_LENGTH, 60
     cfg = tiny.model_config(attention_dropout=0.1)
@@ -162,11 +161,13 @@ def nn_tensors_in_chunked_route() -> tuple[list[tuple[str, tuple]], int, bool]:
     with pytest.MonkeyPatch.context() as mp, fake_cuda(data="meta") as lane, routes.use_route("chunked"):
         mp.setattr(chunked, "BLOCK_BYTES", 1)  # the smallest block: 16 rows
         mp.setattr(F, "scaled_dot_product_attention", roof.sdpa)
-        rows = chunked.block_rows(2, cfg.n_heads, n, n, 4)
+        rows = chunked.block_rows(2, cfg.n_heads, n, n, 2)
         model = build_model(cfg, vocab, PAD_ID).to("meta").cuda().train()
         src, tgt = src.cuda(), tgt.cuda()
         lane.on_op = on_op
-        loss, _ = label_smoothed_nll(model(src, tgt[:, :-1]), tgt[:, 1:], 0.1)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(src, tgt[:, :-1])
+        loss, _ = label_smoothed_nll(logits, tgt[:, 1:], 0.1)
         loss.backward()
     blocks = any(len(s) >= 2 and s[-2:] == (rows, n) for _, s in seen)
     return [(f, s) for f, s in seen if len(s) >= 3 and s[-2] >= n and s[-1] >= n], rows, blocks

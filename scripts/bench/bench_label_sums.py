@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help=f"names ({', '.join(SHAPES)}) or BxHxNxM")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--md", type=Path)
@@ -79,11 +79,12 @@ def main() -> None:
         torch.testing.assert_close(fn(x, 3, 2), scatter(x, 3, 2), rtol=1e-12, atol=1e-12, msg=name)
     rows: list[dict] = []
     for shape in args.shapes:
-        x = torch.randn(SHAPES[shape], dtype=dtype, device=device)
+        dims = SHAPES.get(shape) or tuple(int(d) for d in shape.split("x"))
+        x = torch.randn(dims, dtype=dtype, device=device)
         steps = {name: (lambda fn=fn, x=x: fn(x, args.k, 0)) for name, fn in VARIANTS.items()}
         times = time_interleaved(steps, device, repeats=args.repeats)
         for name, t in times.items():
-            rows.append({"shape": shape, "bhnm": "x".join(map(str, SHAPES[shape])), "variant": name, "ms": 1e3 * t,
+            rows.append({"shape": shape, "bhnm": "x".join(map(str, dims)), "variant": name, "ms": 1e3 * t,
                          "over_product": t / times["product"]})
             print(f"{shape:5s} {name:12s} {1e3 * t:8.3f} ms", flush=True)
         columns = [("shape", "shape"), ("bhnm", "B x H x n x m"), ("variant", "variant"), ("ms", "ms"),

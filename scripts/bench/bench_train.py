@@ -54,9 +54,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from relmt.bench import command_line, hardware, markdown_table, sync, write_json
+from relmt.bench import command_line, flop_counter, hardware, markdown_table, sync, write_json
 from relmt.config import DataConfig, ModelConfig, PosKind, Precision, Source, SpmModel, TrainConfig, compose
 from relmt.data.batching import BatchSampler, collate
 from relmt.data.dataset import SplitIds, prepare
@@ -259,7 +258,7 @@ def measure_size(size: str, args: argparse.Namespace, vocab: int, batches: list,
     for kind, (model, _net, optimizer, scaler) in runs.items():
         # FlopCounterMode has no formula for oneDNN's linear products (CPU float32 training: relmt/model/linear.py),
         # which it counted as 0 FLOPs: count the same step through torch's own (the same arithmetic)
-        with use_cpu_gemm("mkl"), FlopCounterMode(display=False) as counter:
+        with use_cpu_gemm("mkl"), flop_counter() as counter:
             train_step(model, model, optimizer, scaler, [median], 1e-4, 0.1, amp, dist,
                        chunked_loss=kind[1] == "chunked")
         flops_per_token = counter.get_total_flops() / (median.n_src_tokens + median.n_tgt_tokens)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks (../shared/GPU.md, issue 43) in one run on a CUDA machine. Each phase is time-boxed, and the
 # boxes shrink to fit TOTAL seconds (default 540: the default set ends inside 9 minutes on an H100 or H200).
-# Phases (PHASES, default "tests attn trainflex train43"):
+# Phases (PHASES, default "tests attn trainflex train43"; scripts/gpu/call.sh holds the next lease's calls):
 #   tests    every CUDA test, -v (make test-gpu: tests/test_cuda.py, the attention routes', the compiled
 #            training step's), device cuda; box 150 s
 #   attn     the attention routes, one layer forward + backward by length, n = 1024 first and the memory of each
@@ -16,6 +16,9 @@
 #            time goes); after base OpenNMT-py 3.5.1 abs and rel on the
 #            same workload (--onmt); a size that runs out of GPU memory is measured again at 2/3 the batch;
 #            the JSON is rewritten after each part, so a cut-off run keeps what finished; box: the rest
+#   big      the big model, abs and rel alone (MFU), STEPS timed steps: big.json; box 70 s
+#   conv     route_convergence.py alone (issue58's first part): flex against the reference, CONV_UPDATES bf16
+#            updates (default 300) of CONV_TOKENS target tokens (default 8000); box 150 s
 #   compiled train43's relmt part with train.compile's torch.compile (symbolic sizes), base, abs and rel, to set
 #            beside train43's eager figures (its Markdown goes into extra.tgz); box 300 s
 #   suite    the whole suite but the slow end-to-end runs (make test-fast), -v, device auto (CUDA, bf16): a call
@@ -34,58 +37,139 @@
 #   data/multi30k        for m30k only (data/get_multi30k.sh)
 # The call (the device tool's run):
 #   command: bash scripts/gpu/gpu_checks.sh     carry: [".whl", "data/bench/wmt_like"]     timeout_s: 600
-# It writes to $OUT log.txt, tests.txt, attn.json, attn.md, train43f.json, train43.json, train43.md, train43c.json, suite.txt
-# and extra.tgz (OpenNMT-py's logs and configs, the Multi30k runs): a call brings back 8 files at most, so the
-# suite goes in a call of its own.
-# python scripts/gpu/gpu_report.py --dir DIR turns them into docs/results/gpu/gpu_*.md.
+# Every phase writes into a work folder (W, default /tmp/gpu_call): tests.txt, attn.json/.md, label_sums.json/.md,
+# train43f.json, train43.json/.md, train43c.json, route_convergence.json, loss_memory_gpu.json, train_orders_gpu.json,
+# suite.txt, OpenNMT-py's logs and the Multi30k runs. $OUT holds three files (a call brings back 8 at most):
+#   log.txt       what each phase did, with times
+#   phases.json   each phase's exit status, seconds, box and the files it wrote, rewritten as each phase ends
+#   results.tgz   the work folder, packed again as each phase ends and every PACK_EVERY seconds (default 20)
+#                 while one runs: a call cut off by its timeout keeps what the last pack held
+# Unpack results.tgz into docs/results/gpu/<date>/ and run python scripts/gpu/gpu_report.py --dir there.
+#
+# REHEARSE=1 (scripts/gpu/rehearse.sh, make rehearse-gpu; issue 73 §1): the same call on a CPU-only machine, every
+# phase at tiny shapes inside the device lane (RELMT_LANE=1: scripts/gpu/lane/sitecustomize.py puts every Python
+# process in tests/fake_cuda.py's fake CUDA), the wheels checked against the GPU image's packages instead of
+# installed (scripts/gpu/wheels_check.py), relmt's console scripts written beside W instead of the interpreter.
 set -u
 OUT=${OUT:?set OUT}
 TOTAL=${TOTAL:-540}
 M30K=${M30K:-data/multi30k}
 WMT=${WMT:-data/bench/wmt_like}
 PHASES=" ${PHASES:-tests attn trainflex train43} "
+W=${W:-/tmp/gpu_call}
+REHEARSE=${REHEARSE:-}
 want() { [[ "$PHASES" == *" $1 "* ]]; }
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/log.txt"; }
 # the box of a phase: its own, cut to what is left of TOTAL (10 s kept for packing up)
 box() { local left=$(( TOTAL - ($(date +%s) - T0) - 10 )); (( left < $1 )) && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
-EXTRA=/tmp/gpu_extra
-mkdir -p "$EXTRA"
+rm -rf "$W"; mkdir -p "$W"
+EXTRA=$W  # the older name of the work folder in the phases below
+# results.tgz from the work folder, written whole or not at all (a pack cut off by the call's end leaves the last one)
+pack() { tar czf "$OUT/.results.tgz" --exclude=checkpoints --exclude=tb --exclude=text --exclude="*.pt" -C "$W" . \
+           2>/dev/null && mv -f "$OUT/.results.tgz" "$OUT/results.tgz"; }
+# phase_end NAME EXIT SECONDS BOX FILE...: a line of phases.json (rewritten whole), then a pack
+PHASES_JSON=()
+phase_end() {
+  local name=$1 code=$2 secs=$3 bx=$4; shift 4
+  local files="" f
+  for f in "$@"; do [ -s "$W/$f" ] && files+="\"$f\","; done
+  PHASES_JSON+=("{\"phase\": \"$name\", \"exit\": $code, \"seconds\": $secs, \"box\": $bx, \"files\": [${files%,}]}")
+  local IFS=,; printf '{"rehearsal": %s, "phases": [%s]}\n' "$([ -n "$REHEARSE" ] && echo true || echo false)" \
+    "${PHASES_JSON[*]}" > "$OUT/phases.json"
+  pack
+}
+# run_phase NAME BOX FILE... -- COMMAND...: the command under its box, its output into log.txt, then phase_end
+run_phase() {
+  local name=$1 bx=$2; shift 2
+  local files=()
+  while [ "$1" != "--" ]; do files+=("$1"); shift; done; shift
+  local s; s=$(date +%s)
+  timeout "$bx" "$@" >> "$OUT/log.txt" 2>&1
+  local code=$?
+  log "$name exit $code"
+  phase_end "$name" "$code" $(( $(date +%s) - s )) "$bx" "${files[@]}"
+}
+( while sleep "${PACK_EVERY:-20}"; do pack; done ) &
+PACKER=$!
+trap 'kill $PACKER 2>/dev/null' EXIT
 
 # --- set-up: the missing packages from wheels, relmt from this checkout, its console scripts -----------
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { log "wheel install failed"; exit 1; }
-export PYTHONPATH=$PWD:/tmp/site:$PWD/scripts/gpu PATH=/tmp/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
-  HF_DATASETS_OFFLINE=1
+BIN=/tmp/bin
+if [ -n "$REHEARSE" ]; then
+  # the wheels the call would install, checked against the GPU image's packages (what an install there would miss)
+  python3 scripts/gpu/wheels_check.py .whl >> "$OUT/log.txt" 2>&1 || { log "wheel check failed"; exit 1; }
+  export PYTHONPATH=$PWD:$PWD/scripts/gpu:$PWD/scripts/gpu/lane RELMT_LANE=1
+  BIN=$W/bin
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { log "wheel install failed"; exit 1; }
+  export PYTHONPATH=$PWD:/tmp/site:$PWD/scripts/gpu
+fi
+export PATH=$BIN:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # The console scripts go beside the interpreter too: the tests run them as Path(sys.executable).parent/relmt-*,
-# as in a venv (the 2026-11-27 suite lost every test_train_cli, lifecycle and patience test to their absence).
+# as in a venv (the 2026-11-27 suite lost every test_train_cli, lifecycle and patience test to their absence). A
+# rehearsal's interpreter is a venv's, which has them.
 PYBIN=$(python3 -c "import os, sys; print(os.path.dirname(sys.executable))")
-mkdir -p /tmp/bin
+[ -n "$REHEARSE" ] && PYBIN=$BIN
+mkdir -p "$BIN"
 for entry in prepare:relmt.cli.prepare:main train:relmt.cli.train:main average:relmt.cli.average:main \
              translate:relmt.cli.translate:main score:relmt.cli.score:main export:relmt.cli.export:main \
-             report:relmt.cli.report:main; do
+             report:relmt.cli.report:main serve:relmt.serve.main:main; do
   IFS=: read -r name module func <<<"$entry"
   printf '#!/usr/bin/env python3\nimport sys\nfrom %s import %s\nsys.exit(%s())\n' "$module" "$func" "$func" \
-    > "/tmp/bin/relmt-$name"
-  chmod +x "/tmp/bin/relmt-$name"
-  cp "/tmp/bin/relmt-$name" "$PYBIN/" 2>/dev/null || log "cannot write relmt-$name into $PYBIN"
+    > "$BIN/relmt-$name"
+  chmod +x "$BIN/relmt-$name"
+  [ "$PYBIN" = "$BIN" ] || cp "$BIN/relmt-$name" "$PYBIN/" 2>/dev/null || log "cannot write relmt-$name into $PYBIN"
 done
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; lscpu | grep "Model name"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"
+  lscpu | grep "Model name"
   git log -1 --format="git %h %cI" 2>/dev/null
-  python3 -c "import torch, datasets, hydra, sacrebleu, sentencepiece; print('torch', torch.__version__, \
+  python3 -c "import torch, datasets, hydra, sacrebleu, sentencepiece, fastapi, uvicorn; print('torch', torch.__version__, \
 torch.version.cuda, torch.cuda.get_device_name(0)); print('datasets', datasets.__version__, 'hydra', hydra.__version__)"
 } 2>&1 | tee -a "$OUT/log.txt"
+python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null || { log "no CUDA device: stop"; exit 1; }
+
+# --- the shapes: the GPU's, or a rehearsal's (tiny, the same code paths) ----------------------------------
+if [ -n "$REHEARSE" ]; then
+  TGT_TOKENS=${TGT_TOKENS:-400}; STEPS=${STEPS:-2}; BASE=${BASE:-tiny}; BIG=${BIG:-toy}; CONV_TOKENS=300
+  ATTN_SHAPE=(--lengths 32 16 --tokens 512 --d-model 32 --heads 2 --k 4)
+  LABEL_SHAPES=(--shapes 8x2x16x16 2x2x64x64 --repeats 1)
+  CONV_UPDATES=4
+  M30K_EXTRA=(model=tiny train.max_steps=4 train.eval_every=4 train.save_every=4 decode.beam=2)
+  PYTEST_GPU=(tests/test_labels.py)  # the CUDA tests that run under the lane (the rest compile: out of its reach)
+  PYTEST_SUITE=(tests/test_labels.py tests/test_layers.py)
+  ONMT_ARGS=()  # OpenNMT-py is not in the rehearsal's venv
+  PEAK=(--peak-n 256)  # the matmul peak on the CPU at 8192 would take minutes
+else
+  TGT_TOKENS=${TGT_TOKENS:-25000}; STEPS=${STEPS:-10}; BASE=${BASE:-base}; BIG=${BIG:-big}
+  ATTN_SHAPE=(--lengths 1024 128 512)
+  LABEL_SHAPES=()
+  M30K_EXTRA=()
+  PYTEST_GPU=(tests/test_cuda.py tests/test_labels.py tests/test_compiled_training.py tests/test_attention_routes.py tests)
+  PYTEST_SUITE=()
+  PEAK=()
+  # shellcheck disable=SC2206
+  ONMT_ARGS=(--onmt ${ONMT:-abs rel} --onmt-sizes base --onmt-steps 40 --onmt-warmup 20 --onmt-timeout 90
+             --onmt-work "$W/onmt")
+fi
+
+# SIZES_KIND=base (scripts/gpu/call.sh 1): train43 at the base size alone, big in its own phase
+[ "${SIZES_KIND:-}" = base ] && SIZES=${SIZES:-$BASE} || SIZES=${SIZES:-$BASE $BIG}
+CONV=(--updates "${CONV_UPDATES:-300}" --tgt-tokens "${CONV_TOKENS:-8000}")
 
 # --- m30k: the Multi30k recipe on the GPU, in the background -------------------------------------------
 if want m30k; then
   M30K_ARGS=(experiment=multi30k_cpu "data.dir=$M30K" seed=1 train.device=cuda train.precision=bf16 train.num_threads=2
-             train.progress=false)
+             train.progress=false "${M30K_EXTRA[@]}")
   log "prepare Multi30k"
-  mkdir -p runs/gpu
-  relmt-prepare "${M30K_ARGS[@]}" > runs/gpu/prepare.out 2>&1 || log "prepare failed"
+  mkdir -p "$W/m30k"
+  relmt-prepare "${M30K_ARGS[@]}" > "$W/m30k/prepare.out" 2>&1 || log "prepare failed"
+  M30K_PIDS=()
   for pos in ${M30K_POSITIONS:-abs rel both}; do
-    ( s=$(date +%s); relmt-train "${M30K_ARGS[@]}" "model.positions=$pos" "out_dir=runs/gpu/m30k_${pos}_s1" \
-        > "runs/gpu/m30k_${pos}_s1.out" 2>&1; log "m30k $pos exit $? after $(( $(date +%s) - s ))s" ) &
+    ( s=$(date +%s); relmt-train "${M30K_ARGS[@]}" "model.positions=$pos" "out_dir=$W/m30k/m30k_${pos}_s1" \
+        > "$W/m30k/m30k_${pos}_s1.out" 2>&1; log "m30k $pos exit $? after $(( $(date +%s) - s ))s" ) &
+    M30K_PIDS+=($!)
   done
 fi
 
@@ -94,101 +178,106 @@ if want tests; then
   t=$(box 150); log "CUDA tests (pytest -m gpu), box ${t}s"
   # 4 workers, so that the kernels' compilations overlap; test_cuda.py and test_labels.py first: on 2026-11-27
   # the flex tests' compilations took the whole box alone
+  s=$(date +%s)
   timeout "$t" python3 -m pytest -v -n 4 -p no:cacheprovider -p pytest_instant --tb=short -m gpu -rfE --timeout 100 \
-    --continue-on-collection-errors tests/test_cuda.py tests/test_labels.py tests/test_compiled_training.py \
-    tests/test_attention_routes.py tests > "$OUT/tests.txt" 2>&1
-  log "tests exit $?: $(tail -1 "$OUT/tests.txt")"
+    --continue-on-collection-errors "${PYTEST_GPU[@]}" > "$W/tests.txt" 2>&1
+  code=$?; log "tests exit $code: $(tail -1 "$W/tests.txt")"
+  phase_end tests "$code" $(( $(date +%s) - s )) "$t" tests.txt
 fi
 
 # --- attn: attention by route and length ------------------------------------------------------------------
 if want attn; then
   t=$(box 60); log "attention routes, box ${t}s"
-  if [ -f scripts/bench/bench_attention_routes.py ]; then
-    # shellcheck disable=SC2086
-    timeout "$t" python3 scripts/bench/bench_attention_routes.py --device cuda --dropout 0 --repeats 3 --min-seconds 0.2 \
-      --lengths 1024 128 512 \
-      --cases ${ATTN_CASES:-abs rel:flex rel:chunked rel:reference rel:reference+scatter t5:flex t5:reference} \
-      --out "$OUT/attn.json" --md "$OUT/attn.md" >> "$OUT/log.txt" 2>&1
-  else
-    timeout "$t" python3 scripts/bench/bench_attention.py --device cuda --min-seconds 0.2 --repeats 3 \
-      --variants abs rel rope alibi t5 --out "$OUT/attn.json" --md "$OUT/attn.md" >> "$OUT/log.txt" 2>&1
-  fi
-  log "attn exit $?"
+  # shellcheck disable=SC2086
+  run_phase attn "$t" attn.json attn.md -- python3 scripts/bench/bench_attention_routes.py --device cuda --dropout 0 \
+    --repeats 3 --min-seconds 0.2 "${ATTN_SHAPE[@]}" \
+    --cases ${ATTN_CASES:-abs rel:flex rel:chunked rel:reference rel:reference+scatter t5:flex t5:reference} \
+    --out "$W/attn.json" --md "$W/attn.md"
 fi
 
 # --- labels: the sums per label each way (issue 68 §3) ------------------------------------------------------
 if want labels; then
   t=$(box 40); log "sums per label, box ${t}s"
-  timeout "$t" python3 scripts/bench/bench_label_sums.py --device cuda --out "$OUT/label_sums.json" \
-    --md "$OUT/label_sums.md" >> "$OUT/log.txt" 2>&1
-  log "labels exit $?"
+  run_phase labels "$t" label_sums.json label_sums.md -- python3 scripts/bench/bench_label_sums.py --device cuda \
+    "${LABEL_SHAPES[@]}" --out "$W/label_sums.json" --md "$W/label_sums.md"
 fi
 
 # --- trainflex: training through FlexAttention, dropout included ------------------------------------------
 if want trainflex; then
-  t=$(box 120); log "bench_train WMT-like base abs rel bf16 --route flex, box ${t}s"
-  timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base --positions abs rel --precision bf16 \
-    --device cuda --tgt-tokens "${TGT_TOKENS:-25000}" --steps 5 --warmup 2 --route flex --out "$OUT/train43f.json" \
-    --md "$EXTRA/train43f.md" >> "$OUT/log.txt" 2>&1
-  log "trainflex exit $?"
+  t=$(box 120); log "bench_train WMT-like $BASE abs rel bf16 --route flex, box ${t}s"
+  run_phase trainflex "$t" train43f.json train43f.md -- python3 scripts/bench/bench_train.py --data "$WMT" \
+    --sizes "$BASE" --positions abs rel --precision bf16 --device cuda "${PEAK[@]}" --tgt-tokens "$TGT_TOKENS" --steps 5 --warmup 2 \
+    --route flex --out "$W/train43f.json" --md "$W/train43f.md"
 fi
 
 # --- train43: training throughput, relmt beside OpenNMT-py ---------------------------------------------
 if want train43; then
-  t=$(box 400); log "bench_train WMT-like base big bf16, OpenNMT-py abs rel, box ${t}s"
-  timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base big --precision bf16 --device cuda \
-    --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --profile-steps 3 --onmt ${ONMT:-abs rel} --onmt-sizes base --onmt-steps 40 \
-    --onmt-warmup 20 --onmt-timeout 90 --onmt-work "$EXTRA/onmt" --out "$OUT/train43.json" --md "$OUT/train43.md" \
-    >> "$OUT/log.txt" 2>&1
-  log "train43 exit $?"
+  t=$(box 400); log "bench_train WMT-like $SIZES bf16, OpenNMT-py ${ONMT:-abs rel}, box ${t}s"
+  # shellcheck disable=SC2086
+  run_phase train43 "$t" train43.json train43.md -- python3 scripts/bench/bench_train.py --data "$WMT" --sizes $SIZES \
+    ${POSITIONS:+--positions $POSITIONS} --precision bf16 --device cuda "${PEAK[@]}" --tgt-tokens "$TGT_TOKENS" --steps "$STEPS" \
+    --warmup 2 --profile-steps "${PROFILE_STEPS:-3}" "${ONMT_ARGS[@]}" --out "$W/train43.json" --md "$W/train43.md"
+fi
+
+# --- big: the big model, abs and rel (MFU) ------------------------------------------------------------------
+if want big; then
+  t=$(box 70); log "bench_train WMT-like $BIG abs rel bf16, box ${t}s"
+  run_phase big "$t" big.json big.md -- python3 scripts/bench/bench_train.py --data "$WMT" --sizes "$BIG" \
+    --positions abs rel --precision bf16 --device cuda "${PEAK[@]}" --tgt-tokens "$TGT_TOKENS" --steps "$STEPS" --warmup 2 \
+    --out "$W/big.json" --md "$W/big.md"
 fi
 
 # --- compiled: the compiled training step ----------------------------------------------------------------
 if want compiled; then
-  t=$(box 300); log "bench_train WMT-like base abs rel bf16 compiled, box ${t}s"
-  timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base --positions abs rel --precision bf16 \
-    --device cuda --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --compile \
-    --out "$OUT/train43c.json" --md "$EXTRA/train43c.md" >> "$OUT/log.txt" 2>&1
-  log "compiled exit $?"
+  t=$(box 300); log "bench_train WMT-like $BASE abs rel bf16 compiled, box ${t}s"
+  run_phase compiled "$t" train43c.json train43c.md -- python3 scripts/bench/bench_train.py --data "$WMT" \
+    --sizes "$BASE" --positions abs rel --precision bf16 --device cuda "${PEAK[@]}" --tgt-tokens "$TGT_TOKENS" --steps "$STEPS" \
+    --warmup 2 --compile --out "$W/train43c.json" --md "$W/train43c.md"
 fi
 
 # --- issue58: convergence and determinism through flex, the chunked loss's batch, batch orders -----------------
+if want conv || want issue58; then
+  t=$(box 150); log "route_convergence $BASE rel flex vs reference, bf16, box ${t}s"
+  run_phase conv "$t" route_convergence.json route_convergence.md -- python3 \
+    scripts/bench/route_convergence.py --data "$WMT" --device cuda --size "$BASE" --positions rel \
+    --routes flex reference "${CONV[@]}" --out "$W/route_convergence.json" --md "$W/route_convergence.md"
+fi
 if want issue58; then
-  t=$(box 150); log "route_convergence base rel flex vs reference, 300 bf16 updates, box ${t}s"
-  timeout "$t" python3 scripts/bench/route_convergence.py --data "$WMT" --device cuda --size base --positions rel \
-    --routes flex reference --updates "${CONV_UPDATES:-300}" --out "$OUT/route_convergence.json" \
-    --md "$OUT/route_convergence.md" >> "$OUT/log.txt" 2>&1
-  log "route_convergence exit $?"
-  t=$(box 150); log "loss_memory big rel, whole vs chunked, largest batch, box ${t}s"
-  timeout "$t" python3 scripts/bench/loss_memory.py --data "$WMT" --device cuda --size big --positions rel \
-    --tgt-tokens 25000 --steps 3 --warmup 1 --repeats 1 --largest --out "$OUT/loss_memory_gpu.json" \
-    --md "$OUT/loss_memory_gpu.md" >> "$OUT/log.txt" 2>&1
-  log "loss_memory exit $?"
-  t=$(box 150); log "bench_train base rel, loss whole/chunked x batch_by source/longest, box ${t}s"
-  timeout "$t" python3 scripts/bench/bench_train.py --data "$WMT" --sizes base --positions abs rel --precision bf16 \
-    --device cuda --tgt-tokens "${TGT_TOKENS:-25000}" --steps "${STEPS:-10}" --warmup 2 --loss whole chunked \
-    --batch-by source longest --out "$OUT/train_orders_gpu.json" --md "$OUT/train_orders_gpu.md" >> "$OUT/log.txt" 2>&1
-  log "train_orders exit $?"
+  t=$(box 150); log "loss_memory $BIG rel, whole vs chunked, largest batch, box ${t}s"
+  run_phase loss_memory "$t" loss_memory_gpu.json loss_memory_gpu.md -- python3 scripts/bench/loss_memory.py \
+    --data "$WMT" --device cuda --size "$BIG" --positions rel --tgt-tokens "$TGT_TOKENS" --steps 3 --warmup 1 \
+    --repeats 1 --largest --out "$W/loss_memory_gpu.json" --md "$W/loss_memory_gpu.md"
+  t=$(box 150); log "bench_train $BASE rel, loss whole/chunked x batch_by source/longest, box ${t}s"
+  run_phase train_orders "$t" train_orders_gpu.json train_orders_gpu.md -- python3 scripts/bench/bench_train.py \
+    --data "$WMT" --sizes "$BASE" --positions abs rel --precision bf16 --device cuda "${PEAK[@]}" --tgt-tokens "$TGT_TOKENS" \
+    --steps "$STEPS" --warmup 2 --loss whole chunked --batch-by source longest --out "$W/train_orders_gpu.json" \
+    --md "$W/train_orders_gpu.md"
 fi
 
 # --- suite: the rest of the suite on CUDA, -v so that a cut-off run still names its failures -----------
 if want suite; then
   t=$(box "${SUITE_TIMEOUT:-420}"); log "whole suite but the slow end-to-end runs (make test-fast), device auto, box ${t}s"
+  s=$(date +%s)
   timeout "$t" python3 -m pytest -v -p no:cacheprovider -p pytest_instant --tb=short \
-    -m "not slow and not exhaustive and not gpu" -n 14 -rfE --timeout 120 -p no:benchmark > "$OUT/suite.txt" 2>&1
-  log "suite exit $?: $(tail -1 "$OUT/suite.txt")"
+    -m "not slow and not exhaustive and not gpu" -n "${SUITE_WORKERS:-14}" -rfE --timeout 120 -p no:benchmark \
+    "${PYTEST_SUITE[@]}" > "$W/suite.txt" 2>&1
+  code=$?; log "suite exit $code: $(tail -1 "$W/suite.txt")"
+  phase_end suite "$code" $(( $(date +%s) - s )) "$t" suite.txt
 fi
 
 if want m30k; then
   log "waiting for the Multi30k runs"
-  while [ "$(jobs -r | wc -l)" -gt 0 ] && [ $(( $(date +%s) - T0 )) -lt "${M30K_BOX:-400}" ]; do sleep 5; done
-  if [ "$(jobs -r | wc -l)" -gt 0 ]; then
-    log "Multi30k runs still going at ${M30K_BOX:-400}s: stopped"
-    for job in $(jobs -p); do pkill -P "$job"; kill "$job" 2>/dev/null; done
-    sleep 3
-  fi
-  cp -r runs/gpu "$EXTRA/m30k"
+  s=$(date +%s)
+  running() { local p; for p in "${M30K_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+  while running && [ $(( $(date +%s) - T0 )) -lt "${M30K_BOX:-400}" ]; do sleep 2; done
+  code=0
+  for job in "${M30K_PIDS[@]}"; do
+    if kill -0 "$job" 2>/dev/null; then
+      code=124; log "Multi30k run $job still going at ${M30K_BOX:-400}s: stopped"; pkill -P "$job"; kill "$job" 2>/dev/null
+    fi
+  done
+  sleep 1
+  phase_end m30k "$code" $(( $(date +%s) - s )) "${M30K_BOX:-400}" m30k
 fi
-find "$EXTRA" -name "*.pt" -delete
-tar czf "$OUT/extra.tgz" --exclude=checkpoints --exclude=tb --exclude=text -C "$EXTRA" . 2>/dev/null
 log "done"
+phase_end total 0 $(( $(date +%s) - T0 )) "$TOTAL"

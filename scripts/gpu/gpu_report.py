@@ -3,6 +3,7 @@
 docs/results/gpu/. Two layouts:
 - issue 43's phases (tests.txt, attn.json, train43.json, suite.txt): the issue's goal table filled from one
   call, then the CUDA tests, the attention routes and training throughput beside OpenNMT-py;
+- the calls of scripts/gpu/call.sh (a phases.json beside them): issue 73's goal table (scripts/gpu/lease_report.py);
 - the first GPU run's (docs/results/gpu/: test_cuda.txt, suite_*.txt, train_gpu.json, attention_gpu.json,
   runs/): the CUDA tests, the suite on CUDA, the Multi30k recipe on the GPU beside the committed CPU runs,
   training speed and the attention benchmark.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 from relmt.bench import markdown_table, write_json
@@ -221,6 +223,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("docs/results/gpu/gpu_checks"))
     args = ap.parse_args()
     d = args.dir
+    if (d / "phases.json").is_file():  # the calls of scripts/gpu/call.sh (issue 73)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from lease_report import report
+
+        print(report(d, args.out, args.cpu_runs))
+        return
     if any((d / name).is_file() for name in ISSUE43_FILES):
         md = issue43_report(d, args.out)
         print(md)

@@ -17,12 +17,15 @@ DEST=.whl
 PY=${PY:-python3}
 mkdir -p "$DEST"
 # relmt's serve extra (relmt-serve and its tests; 2026-11-28's call carried these by hand): fastapi, starlette,
-# pydantic and pydantic-core (compiled), uvicorn and what they import that the image may lack
+# pydantic and pydantic-core (compiled), uvicorn with its `standard` extra (httptools and watchfiles compiled,
+# websockets, python-dotenv) and fastapi's opentelemetry-api, which the image lacks. scripts/gpu/wheels_check.py
+# follows every requirement against the image's packages and says what is still missing (make rehearse-gpu)
 PURE=(hydra-core==1.3.8 omegaconf==2.3.1 hydra-joblib-launcher==1.2.0 sacremoses==0.2.0 datasets==5.2.0 dill==0.4.1
       multiprocess==0.70.19 OpenNMT-py==3.5.1 configargparse==1.9.0
       fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 uvicorn==0.54.0 annotated-types==0.8.0 annotated-doc==0.0.7
-      typing-inspection==0.4.5 typing_extensions==4.16.0 h11==0.16.0 anyio==4.16.0 click==8.5.1 idna==3.20)
-COMPILED=("pyonmttok==1.38.1" "pydantic-core==2.50.5")
+      typing-inspection==0.4.5 typing_extensions==4.16.0 h11==0.16.0 anyio==4.16.0 click==8.5.1 idna==3.20
+      opentelemetry-api==1.45.2 python-dotenv==1.2.4)
+COMPILED=("pyonmttok==1.38.1" "pydantic-core==2.50.5" "httptools==0.9.0" "watchfiles==1.3.0" "websockets==17.4")
 PLATFORM=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
           --platform manylinux2014_x86_64)
 "$PY" -m pip download -q --no-deps --only-binary=:all: "${PLATFORM[@]}" -d "$DEST" "${PURE[@]}" "${COMPILED[@]}"
