@@ -217,3 +217,160 @@ def test_a_search_stops_when_asked_before_a_step():
     assert search(model, src, constraints=constraints, stop=lambda: False) == plain
     stopped = search(model, src, constraints=constraints, stop=stop_after_two)
     assert len(asked) == 3 and stopped == [[], [], []]
+
+
+# Issue 74 §3.3: the rule (relmt/decode/constraints.py's docstring) is fairseq's: each phrase is met by its own
+# occurrence, a phrase given twice needs two, occurrences do not overlap, and ordered is unordered plus order.
+
+def reference_counts(phrases: list[list[int]], seq: list[int], ordered: bool) -> list[tuple[int, int, bool]]:
+    """The rule read naively, greedy left to right with one partial match (`path`), as fairseq's constraint states
+    match: after each token of seq, the bank (tokens of the phrases met and the path's length), the phrases met if
+    the output ended there (a phrase the path holds whole, while a longer one goes on, counts) and whether every
+    phrase is met (EOS allowed)."""
+    met, path, out = [False] * len(phrases), [], []
+
+    def open_phrases() -> list[int]:
+        unmet = [i for i, m in enumerate(met) if not m]
+        return unmet[:1] if ordered else unmet
+
+    def held() -> int | None:  # the longest (then lowest-numbered) open phrase the path holds whole
+        whole = [i for i in open_phrases() if len(phrases[i]) <= len(path) and path[:len(phrases[i])] == phrases[i]]
+        return max(whole, key=lambda i: (len(phrases[i]), -i), default=None)
+
+    def extend(x: int) -> bool:
+        nonlocal path
+        new = path + [x]
+        ext = [i for i in open_phrases() if phrases[i][:len(new)] == new]
+        if ext and any(len(phrases[i]) > len(new) for i in ext):
+            path = new
+        elif ext:  # it completes a phrase that nothing longer goes on from: met here
+            met[ext[0]], path = True, []
+        return bool(ext)
+
+    for x in seq:
+        if not extend(x):  # the path ends: the phrase it holds whole is met; x may begin a new one
+            if (h := held()) is not None:
+                met[h] = True
+            path = []
+            extend(x)
+        bank = sum(len(p) for p, m in zip(phrases, met) if m) + len(path)
+        out.append((bank, sum(met) + (held() is not None), all(met)))
+    return out
+
+
+def bank_counts(phrases: list[list[int]], seq: list[int], ordered: bool) -> list[tuple[int, int, bool]]:
+    """The same, of relmt/decode/constraints.py: one live beam (K = 1) advanced token by token."""
+    from dataclasses import replace
+
+    from relmt.decode.constraints import advance, all_met, banks, make_forced, unmet_count
+
+    f = make_forced(None, [phrases], ordered, 1, 1, torch.device("cpu"))
+    out = []
+    for x in seq:
+        progress = advance(f, torch.zeros(1, 1, dtype=torch.long), torch.tensor([[x]]))
+        f = replace(f, progress=progress[0])
+        out.append((int(banks(f, progress)), len(phrases) - int(unmet_count(f, progress)),
+                    bool(all_met(f, f.progress))))
+    return out
+
+
+def test_a_phrase_given_twice_needs_two_occurrences_in_either_mode():
+    """[a], [a]: one a meets one of them (bank 1, as fairseq's), a second a the other; ordered agrees. Before, one
+    a met both unordered (bank 2) while ordered needed two."""
+    for ordered in (False, True):
+        assert bank_counts([[5], [5]], [5], ordered) == [(1, 1, False)], ordered
+        assert bank_counts([[5], [5]], [5, 9, 5], ordered)[-1] == (2, 2, True), ordered
+        assert bank_counts([[5, 6], [5, 6]], [5, 6, 5, 6], ordered) == [(1, 0, False), (2, 1, False), (3, 1, False),
+                                                                        (4, 2, True)], ordered
+
+
+def test_overlapping_phrases_need_separate_occurrences_in_either_mode():
+    """[a b], [b c]: "a b c" meets one of them (its b serves one phrase), "a b b c" both; ordered agrees, and the
+    other order needs them the other way round. Before, "a b c" met both unordered."""
+    for ordered in (False, True):
+        assert bank_counts([[5, 6], [6, 7]], [5, 6, 7], ordered) == [(1, 0, False), (2, 1, False), (2, 1, False)], \
+            ordered
+        assert bank_counts([[5, 6], [6, 7]], [5, 6, 6, 7], ordered)[-1] == (4, 2, True), ordered
+        assert bank_counts([[6, 7], [5, 6]], [5, 6, 6, 7], ordered)[-1] == ((4, 2, True) if not ordered else
+                                                                           (2, 1, False)), ordered
+
+
+# (modes, phrases, output, fairseq's bank and completed count after each token, finished at the end), worked by
+# hand from fairseq/token_generation_constraints.py (UnorderedConstraintState: bank = sum(generated),
+# num_completed; OrderedConstraintState: bank = state + 1, the endpoints passed); modes: False unordered, True
+# ordered. ([5 6], [7 8]) and "5 6 7 9 7 8" is unordered only: fairseq's ordered state goes back to the first
+# phrase at 9 (bank 0), where the rule keeps [5 6] met.
+FAIRSEQ = [
+    ((False, True), [[5], [5]], [5, 5], [1, 2], [1, 2], True),
+    ((False, True), [[5, 6], [6, 7]], [5, 6, 7], [1, 2, 2], [0, 1, 1], False),
+    ((False, True), [[5, 6], [6, 7]], [5, 6, 6, 7], [1, 2, 3, 4], [0, 1, 1, 2], True),
+    ((False, True), [[5, 6], [5, 7]], [5, 5, 6, 5, 7], [1, 1, 2, 3, 4], [0, 0, 1, 1, 2], True),
+    ((False,), [[5, 6], [7, 8]], [5, 6, 7, 9, 7, 8], [1, 2, 3, 2, 3, 4], [0, 1, 1, 1, 1, 2], True),
+    ((False,), [[5, 6, 7], [8]], [5, 6, 8, 8, 5, 6, 7], [1, 2, 1, 1, 2, 3, 4], [0, 0, 1, 1, 1, 1, 2], True),
+    ((True,), [[5, 6, 7], [8]], [5, 6, 8, 8, 5, 6, 7], [1, 2, 0, 0, 1, 2, 3], [0, 0, 0, 0, 0, 0, 1], False),
+    ((False,), [[5], [5, 6]], [5, 6, 5], [1, 2, 3], [1, 1, 2], True),
+    ((True,), [[5], [5, 6]], [5, 6, 5], [1, 1, 2], [1, 1, 1], False),
+]
+
+
+def test_counts_equal_fairseqs_on_hand_worked_outputs():
+    """Before, unordered counted [5], [5] met by one 5 and [5 6], [6 7] by "5 6 7" (bank 3, fairseq's 2)."""
+    for modes, phrases, seq, bank, completed, finished in FAIRSEQ:
+        for ordered in modes:
+            got = bank_counts(phrases, seq, ordered)
+            assert ([b for b, _, _ in got], [c for _, c, _ in got], got[-1][2]) == (bank, completed, finished), \
+                (ordered, phrases, seq, got)
+            assert got == reference_counts(phrases, seq, ordered)
+
+
+def test_counts_equal_a_naive_reading_of_the_rule_on_random_outputs():
+    """Random phrases and outputs over a tiny vocabulary (5..8, 9 in no phrase): the bank, the phrases met and
+    whether all are, after each token, as the naive reference counts them; and the phrases written out in order
+    with a token between them meet all of them in either mode."""
+    rng = torch.Generator().manual_seed(74)
+
+    def draw(lo: int, hi: int, n: int) -> list[int]:
+        return torch.randint(lo, hi, (n,), generator=rng).tolist()
+
+    for _ in range(100):
+        phrases = [draw(5, 8, int(draw(1, 4, 1)[0])) for _ in range(int(draw(1, 5, 1)[0]))]
+        seq = draw(5, 10, int(draw(1, 14, 1)[0]))
+        written = [t for p in phrases for t in [*p, 9]]
+        for ordered in (False, True):
+            assert bank_counts(phrases, seq, ordered) == reference_counts(phrases, seq, ordered), \
+                (ordered, phrases, seq)
+            assert bank_counts(phrases, written, ordered)[-1] == (len(written) - len(phrases), len(phrases), True)
+
+
+def constrained_pool(constraints: list[list[int]], ordered: bool, beam: int = 4) -> list[tuple[list[int], int]]:
+    """The finished hypotheses (tokens without EOS, phrases missed) of a beam search over fixed logits that favour
+    EOS, then 5, 6, 7 alike: whatever meets the constraints soonest ends there."""
+    from relmt.decode.beam import Beams, Rules, beam_step, finished_hypotheses
+    from relmt.decode.constraints import make_forced
+
+    vocab, pad = 10, 0
+    logits = torch.full((beam, vocab), -4.0)
+    logits[:, EOS], logits[:, 5:8] = 3.0, 1.0
+    rules = Rules(EOS, torch.tensor([pad, BOS]), 0, 0.6, "gnmt", True, False)
+    forced = make_forced(None, [constraints], ordered, 1, beam, torch.device("cpu"))
+    beams = Beams(torch.full((beam, 1), BOS), torch.tensor([[0.0] + [float("-inf")] * (beam - 1)]),
+                  torch.full((1, beam), float("-inf")), torch.zeros(1, beam, 0, dtype=torch.long),
+                  torch.tensor([8]), forced)
+    for _ in range(8):
+        beams, _, done = beam_step(logits.clone(), beams, rules, pad)
+        if done.all():
+            break
+    return [(h.tokens, h.unmet) for h in finished_hypotheses(beams.pool_scores, beams.pool_tokens, (EOS, pad),
+                                                             beams.forced.pool_unmet)[0]]
+
+
+@pytest.mark.parametrize("constraints", [[[5], [5]], [[5, 6], [6, 7]], [[5], [5, 6]]])
+def test_every_finished_hypothesis_meets_each_phrase_by_its_own_occurrence(constraints):
+    """A search whose model would end as soon as it may: every hypothesis it finishes holds each phrase by an
+    occurrence of its own (by the naive reference), in order when ordered. Before, "5" met [5], [5] and "5 6 7"
+    met [5 6], [6 7] (unordered; ordered needed them apart already)."""
+    for ordered in (False, True):
+        pool = constrained_pool(constraints, ordered)
+        assert pool
+        for tokens, unmet in pool:
+            assert unmet == 0 and reference_counts(constraints, tokens, ordered)[-1][2], (ordered, tokens, pool)

@@ -6,19 +6,36 @@ the search scores the prefix under the model's distribution and continues from i
 teacher-forcing the prefix and then searching (tests/test_forced.py holds it to that).
 
 **Constraints** (Hu et al., NAACL 2019, "Improved Lexically Constrained Decoding for Translation and
-Monolingual Rewriting": vectorized dynamic beam allocation; fairseq's `--constraints`). Each live beam
-tracks, per phrase, how many of its tokens it has matched so far (`progress`): the next token of a
-phrase advances it, any other token drops a partial match (to 1 if the token starts the phrase again).
-Unordered phrases advance independently; ordered ones only after every earlier phrase is met. Each step
-the candidates are the usual 2K best, plus for each live beam the next token of each unmet phrase and
-its own best token. A beam's *bank* is how many constraint tokens it has met: those of the phrases it
-holds and its one longest partial match (fairseq's count; `banks`); the K beams kept are
-taken from the banks in turn, most met first, best score first within a bank, so hypotheses that make
-progress on the constraints survive beside the best-scoring ones (`allocate`). EOS is banned while a
-beam misses a constraint, so every hypothesis that ends with EOS holds all of them. Only at the step
-limit, where live beams finish as they stand, can a hypothesis miss one: it then ranks after every
-hypothesis that holds them all, and says how many it misses (`Hypothesis.unmet`). The step limit is
-raised to leave room for the prefix and every constraint token.
+Monolingual Rewriting": vectorized dynamic beam allocation; fairseq's `--constraints`, whose
+fairseq/token_generation_constraints.py this follows). *The rule*: each phrase is met by its own occurrence
+in the output; a phrase given n times needs n occurrences; occurrences do not overlap (one output token
+serves at most one phrase, so ["a b", "b c"] needs "a b ... b c", and "a b c" meets one of them); `ordered`
+adds that the occurrences come in the given order, and nothing else: ordered is unordered with only the
+first unmet phrase open. Occurrences are found greedily, left to right, as fairseq's constraint states do:
+a beam holds the phrases it has met and one partial match, a path of tokens (as fairseq's trie node) shared
+by the open phrases that begin with it (`progress`: a met phrase's length, the path's length for a phrase on
+it, 0 for the others). A token that extends the path onto an open phrase advances it; a phrase the path
+completes is met there and the path restarts, unless a longer open phrase goes on along it, in which case
+the shorter one waits (`pending`) and is met where the path falls off (the deepest one, as fairseq's
+rewind; the path's tokens after it are dropped). A token that extends nothing ends the path and may begin
+a new one. Equal phrases take one occurrence each (the lowest-numbered unmet one first).
+
+Where this departs from fairseq, on purpose: fairseq's unordered state checks whether it may restart at a
+phrase's first token before it lets go of the partial match it abandons, so with ["a b"] it never meets
+"a a b" (here it does); fairseq's completed count leaves out a pending phrase while the path goes on
+(its bank keeps it; here both do); and fairseq's ordered state, on a mismatch inside a later phrase, goes
+back to the first phrase and forgets the ones met (here only the current phrase's partial match drops).
+
+Each step the candidates are the usual 2K best, plus for each live beam the next token of each open
+phrase (on the path: its next token; off it: its first) and its own best token. A beam's *bank* is how
+many constraint tokens it has met: those of the phrases it holds and its path (fairseq's `bank`; `banks`);
+the K beams kept are taken from the banks in turn, most met first, best score first within a bank, so
+hypotheses that make progress on the constraints survive beside the best-scoring ones (`allocate`). EOS is
+banned while a beam misses a constraint, so every hypothesis that ends with EOS holds all of them. Only at
+the step limit, where live beams finish as they stand, can a hypothesis miss one: it then ranks after
+every hypothesis that holds them all, and says how many it misses (`Hypothesis.unmet`, a pending phrase
+counting as met: the output ends there). The step limit is raised to leave room for the prefix and every
+constraint token (with no overlap, each phrase's tokens are its own).
 
 A sentence without constraints in a batch with some gets exactly the plain search's step: its K live
 beams and its finishing hypotheses by the search's EOS rule (t2t or fairseq); a batch without any runs
@@ -43,8 +60,9 @@ MAX_PIECES = 64  # sentencepiece pieces per sentence, over all its phrases
 @dataclass(frozen=True)
 class Forced:
     """Per sentence (m of them, K beams each): `prefix` (m, P) ids and `phrases` (m, C, L) ids, padded with NONE;
-    `lengths` (m, C) tokens per phrase (0: padding); `ordered`; per live beam, `progress` (m*K, C) tokens matched
-    of each phrase; per finished hypothesis, `pool_unmet` (m, K) the phrases it misses."""
+    `lengths` (m, C) tokens per phrase (0: padding); `ordered`; per live beam, `progress` (m*K, C): a met phrase's
+    length, for the open phrases on its partial match that match's length, 0 for the others (the module's
+    docstring); per finished hypothesis, `pool_unmet` (m, K) the phrases it misses."""
 
     prefix: Tensor
     phrases: Tensor
@@ -124,27 +142,77 @@ def all_met(forced: Forced, progress: Tensor) -> Tensor:
     return (progress >= forced.lengths.repeat_interleave(progress.shape[0] // forced.lengths.shape[0], 0)).all(1)
 
 
+def opened(forced: Forced, met: Tensor) -> Tensor:
+    """(..., C) the phrases a beam may match next, of those met (..., C): every unmet one, or with `ordered` the
+    first unmet one."""
+    if forced.ordered:
+        return ~met & (torch.cumsum((~met).int(), -1) == 1)
+    return ~met
+
+
+def path(forced: Forced, progress: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Of progress (..., C) and lengths broadcast to it: the phrases met, open, the partial match's length p
+    (..., 1) and the open phrases on it (p == 0: every open one)."""
+    met = progress >= lengths
+    p = progress.masked_fill(met, 0).amax(-1, keepdim=True) if progress.shape[-1] else progress.sum(-1, True)
+    open_ = opened(forced, met)
+    return met, open_, p, open_ & (progress == p)
+
+
+def pending(forced: Forced, progress: Tensor) -> Tensor:
+    """(m, N, C) of candidates' progress (m, N, C): the one phrase each would meet where its partial match ends,
+    if any: the longest open phrase, lowest-numbered of equal ones, that the path holds whole while a longer one
+    goes on along it."""
+    lengths = forced.lengths[:, None, :]
+    met, open_, p, on = path(forced, progress, lengths)
+    phrases, c = forced.phrases, forced.phrases.shape[1]
+    inside = torch.arange(phrases.shape[2], device=phrases.device) >= forced.lengths[:, :, None]  # (m, C, L)
+    # prefix[i, a, b]: phrase b is a prefix of phrase a (its tokens, where it has them, are a's)
+    prefix = ((phrases[:, :, None, :] == phrases[:, None, :, :]) | inside[:, None, :, :]).all(3)
+    on_path = (on & (p > 0)).int().argmax(2)  # (m, N) a phrase on the path, whose first p tokens are the path
+    held = prefix.gather(1, on_path[:, :, None].expand(-1, -1, c)) & (lengths <= p) & (p > 0) & open_
+    key = torch.where(held, lengths * c + torch.arange(c - 1, -1, -1, device=held.device), -1)
+    return held & (key == key.amax(2, keepdim=True))
+
+
 def wanted(forced: Forced) -> Tensor:
-    """(m*K, C) the next token each live beam needs of each phrase, NONE where the phrase is met or, for ordered
-    phrases, not its turn yet."""
+    """(m*K, C) the next token each live beam needs of each phrase: of a phrase on its partial match the next
+    one, of another open phrase its first, NONE where the phrase is met or, for ordered phrases, not its turn."""
     k = forced.progress.shape[0] // forced.phrases.shape[0]
     phrases = forced.phrases.repeat_interleave(k, 0)  # (m*K, C, L)
-    lengths = forced.lengths.repeat_interleave(k, 0)
-    done = forced.progress >= lengths
-    nxt = phrases.gather(2, forced.progress.clamp(max=phrases.shape[2] - 1)[:, :, None])[:, :, 0]
-    if forced.ordered:  # a phrase's turn comes when every earlier one is met
-        done_before = torch.cumprod(torch.cat((torch.ones_like(done[:, :1]), done[:, :-1]), 1).int(), 1).bool()
-        return nxt.masked_fill(done | ~done_before, NONE)
-    return nxt.masked_fill(done, NONE)
+    _, open_, p, on = path(forced, forced.progress, forced.lengths.repeat_interleave(k, 0))
+    nxt = phrases.gather(2, torch.where(on, p, 0).clamp(max=phrases.shape[2] - 1)[:, :, None])[:, :, 0]
+    return nxt.masked_fill(~open_, NONE)
+
+
+def extend(forced: Forced, before: Tensor, met: Tensor, on: Tensor, p: Tensor, tok: Tensor) -> tuple[Tensor, Tensor]:
+    """The progress (m, N, C) after tok (m, N, 1) extends the partial match of length p (m, N, 1) held by the
+    phrases `on` (m, N, C), of a beam with progress `before` and phrases met: the phrases it extends that go on
+    take p + 1; if none goes on, the first one it completes is met; every unmet other drops to 0. And whether
+    it extended any ((m, N, 1) bool)."""
+    lengths = forced.lengths[:, None, :]
+    phrases = forced.phrases[:, None].expand(-1, tok.shape[1], -1, -1)  # (m, N, C, L)
+    nxt = phrases.gather(3, p[..., None].expand(-1, -1, phrases.shape[2], 1).clamp(max=phrases.shape[3] - 1))
+    ext = on & (p < lengths) & (nxt[..., 0] == tok)
+    longer = ext & (lengths > p + 1)
+    whole = ext & (lengths == p + 1) & ~longer.any(2, keepdim=True)
+    first = whole & (torch.cumsum(whole.int(), 2) == 1)
+    after = torch.where(met, before, torch.where(longer, p + 1, torch.where(first, lengths, 0)))
+    return after, ext.any(2, keepdim=True)
 
 
 def advance(forced: Forced, rows: Tensor, tokens: Tensor) -> Tensor:
     """The progress (m, N, C) of the candidates that extend live beam rows[i, j] (its row of progress) by
-    tokens[i, j]: the next token of an open phrase advances it, its first token restarts it, any other drops it."""
-    before, need = forced.progress[rows], wanted(forced)[rows]  # (m, N, C) each
-    tok = tokens[:, :, None]
-    matched = torch.where(tok == need, before + 1, (tok == forced.phrases[:, None, :, 0]).long())
-    return torch.where(need != NONE, matched, torch.where(before >= forced.lengths[:, None, :], before, 0))
+    tokens[i, j] (the rule: the module's docstring): a token that extends the partial match advances it (or
+    meets the phrase it completes); any other ends it, meeting its pending phrase, and may begin a new one."""
+    before = forced.progress[rows]  # (m, N, C)
+    lengths, tok = forced.lengths[:, None, :], tokens[:, :, None]
+    met, _, p, on = path(forced, before, lengths)
+    after, took = extend(forced, before, met, on, p, tok)
+    met = met | pending(forced, before)  # the partial match ends here unless the token extended it
+    restart = torch.where(met, lengths, 0)
+    again, _ = extend(forced, restart, met, opened(forced, met), torch.zeros_like(p), tok)
+    return torch.where(took, after, again)
 
 
 def allocate(scores: Tensor, banks: Tensor, live: Tensor, k: int) -> Tensor:
@@ -195,9 +263,10 @@ def extra_candidates(logits: Tensor, alive: Tensor, forced: Forced, banned: Tens
 
 
 def banks(forced: Forced, progress: Tensor) -> Tensor:
-    """(m, N) each candidate's bank: the tokens of the phrases it has met, plus its one partial match in progress
-    (the longest), as fairseq's ConstraintState counts. Summing every phrase's partial match instead would let
-    phrases that begin alike ("the dog", "the cat") hold a bank that "the the the ..." never leaves."""
+    """(m, N) each candidate's bank: the tokens of the phrases it has met, plus its partial match (its length: the
+    progress of the open phrases on it), as fairseq's ConstraintState counts. Summing every phrase's partial match
+    instead would let phrases that begin alike ("the dog", "the cat") hold a bank that "the the the ..." never
+    leaves."""
     lengths = forced.lengths[:, None, :]  # (m, 1, C)
     met = progress >= lengths
     partial = progress.masked_fill(met, 0).amax(2) if progress.shape[2] else progress.sum(2)
@@ -226,5 +295,11 @@ def select(forced: Forced, best: tuple[Tensor, Tensor, Tensor], extra: tuple[Ten
     keep = torch.where(free, plain[0], keep)
     finishing = torch.where(free, torch.nn.functional.pad(plain[1], (0, cand.shape[1] - plain[1].shape[1])),
                             finishing)
-    unmet = (progress < forced.lengths[:, None, :]).sum(2)
-    return cand, origin, token, progress, keep, finishing, unmet
+    return cand, origin, token, progress, keep, finishing, unmet_count(forced, progress)
+
+
+def unmet_count(forced: Forced, progress: Tensor) -> Tensor:
+    """(m, N) the phrases each candidate (progress (m, N, C)) misses if its output ends there, where its pending
+    phrase, if any, is met."""
+    return (progress < forced.lengths[:, None, :]).sum(2) - pending(forced, progress).sum(2)
+
