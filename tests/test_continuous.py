@@ -62,6 +62,35 @@ def test_sentences_joining_a_running_search_get_what_they_get_alone(mode, float6
         assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-9)
 
 
+@pytest.mark.parametrize("mode,gone", [("rel", (0, 4)), ("abs", (0, 4)), ("rel", (0, 1, 2))])
+def test_sentences_whose_client_left_drop_out_and_the_others_get_what_they_get_alone(mode, gone, float64):
+    """relmt-serve takes the sentences of a request whose client left out of the running search before its next
+    step (continuous.drop): the others go on as if those had never joined, their hypotheses beam_search's alone
+    (with (0, 1, 2) gone, the slots before the late joiners are cut), and dropping every sentence ends the
+    search."""
+    model = make(mode)
+    cfg = DecodeConfig(beam=3, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=6)
+    run = continuous.start(model, src_of(SOURCES[:3]), [0, 1, 2], cfg, BOS)
+    out = {}
+    for step in range(40):
+        if step == 2:
+            run = continuous.join(run, continuous.start(model, src_of(SOURCES[3:]), [3, 4], cfg, BOS), PAD)
+        if step == 3:  # the clients of these sentences leave
+            run = continuous.drop(run, [key not in gone for key in run.keys], PAD)
+            assert run.keys == tuple(k for k in range(5) if k not in gone)
+        run, finished = continuous.advance(model, run, cfg, BOS, EOS)
+        out.update(finished)
+        if run is None:
+            break
+    assert sorted(out) == [k for k in range(5) if k not in gone]
+    for i, hyps in out.items():
+        want = alone(model, SOURCES[i], cfg)
+        assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-9)
+    run = continuous.start(model, src_of(SOURCES[:2]), [0, 1], cfg, BOS)
+    assert continuous.drop(run, [False, False], PAD) is None
+
+
 @pytest.mark.parametrize("options", [dict(beam=1), dict(beam=2, eos_candidates="fairseq"), dict(min_len=4, nbest=2),
                                      dict(early_stop=True, lenpen=1.0), dict(length_norm="power", lenpen=1.0)],
                          ids=["greedy", "fairseq", "min_len", "early_stop", "power"])

@@ -358,31 +358,89 @@ def test_the_scheduler_waits_for_the_clients_it_expects_and_a_lone_client_never_
     assert len(b.next_batch()) == 1 and 0.4 < time.monotonic() - start < 2.5  # never past max_wait
 
 
+class FakeSearch:
+    """What the scheduler reads of a running search (relmt/serve/stream.py's Stream)."""
+
+    def __init__(self, key, tokens: int = 0, sentences: int = 0, held: list | None = None) -> None:
+        from types import SimpleNamespace
+
+        self.idle, self.key, self.tokens = False, key, tokens
+        self.run = SimpleNamespace(keys=tuple(range(sentences)))
+        self.holding = {id(job): n for job, n in held or []}  # job id -> its source tokens in the search
+        self.jobs = {id(job): job for job, _ in held or []}
+
+    def held(self, job) -> int:
+        return self.holding.get(id(job), 0)
+
+
+def sentences(taken) -> list[str]:
+    return [job.sentences[i] for job, i in taken]
+
+
 def test_the_running_search_admits_a_quarter_of_its_size_or_the_job_that_waited_max_wait():
     """Continuous batching: joining costs an encoder pass and a copy of the caches, so queued jobs join a search
     of 8 sentences once 2 are waiting, or once the oldest has waited max_wait; a job with other settings at the
-    head waits for the search to end, and nothing joins past max_batch_tokens."""
+    head waits for the search to end."""
     from dataclasses import astuple, replace
-    from types import SimpleNamespace
 
     b = scheduler(max_batch_tokens=100, max_wait_ms=300.0, queue_size=16)
-    running = SimpleNamespace(idle=False, key=astuple(b.default_decode), tokens=16,
-                              run=SimpleNamespace(keys=tuple(range(8))))
+    running = FakeSearch(astuple(b.default_decode), tokens=16, sentences=8)
     first = b.submit(["a"], b.default_decode)
     assert b.admissions(running) == []  # 1 waiting, 4 * 1 < 8, not yet waited 300 ms
     second = b.submit(["b"], b.default_decode)
-    assert b.admissions(running) == [first, second]  # 4 * 2 >= 8
+    assert b.admissions(running) == [(first, 0), (second, 0)]  # 4 * 2 >= 8
     late = b.submit(["c"], b.default_decode)
     time.sleep(0.35)
-    assert b.admissions(running) == [late]  # alone, but it waited max_wait
+    assert b.admissions(running) == [(late, 0)]  # alone, but it waited max_wait
     other = b.submit(["d"], replace(b.default_decode, beam=2))
     b.submit(["e"], b.default_decode)
     b.submit(["f"], b.default_decode)
     assert b.admissions(running) == []  # the oldest has other settings: it waits for the search to end
     running.idle = True
-    assert b.admissions(running) == [other]
-    running.idle, running.tokens = False, 99
-    assert b.admissions(running) == []  # no room: 99 + 2 > max_batch_tokens
+    assert b.admissions(running) == [(other, 0)]
+
+
+def test_the_running_search_takes_requests_in_turn_within_their_share():
+    """Issue 74 §1: one request of many long lines cannot hold the search. Sentences are taken one per request per
+    turn; each request may hold an equal share of max_batch_tokens; a request with nothing running starts one
+    sentence at once, even past the budget (within twice it)."""
+    from dataclasses import astuple
+
+    b = scheduler(max_batch_tokens=40, max_wait_ms=0.0, queue_size=64)
+    key = astuple(b.default_decode)
+    long = " ".join(["w"] * 9)  # 10 tokens with EOS
+    big = b.submit([long] * 8, b.default_decode)
+    small = b.submit(["x y", "z"], b.default_decode)
+    idle = FakeSearch(key)
+    idle.idle = True
+    taken = b.admissions(idle)  # in turn: big, small, big, small; then big is at its share, 20 of 40 tokens
+    assert [(j is big, i) for j, i in taken] == [(True, 0), (False, 0), (True, 1), (False, 1)]
+    assert big in b.queue and small not in b.queue and b.pending == 6
+    running = FakeSearch(key, tokens=25, sentences=4, held=[(big, 20), (small, 5)])
+    assert b.admissions(running) == []  # big's third sentence would pass its share
+    assert b.admissions(running) == []
+    newcomer = b.submit(["hello there"], b.default_decode)  # nothing running: it starts at once, past the budget
+    running.holding.pop(id(small)), running.jobs.pop(id(small))
+    assert b.admissions(running) == [(newcomer, 0)]
+    running = FakeSearch(key, tokens=79, sentences=8, held=[(big, 79)])
+    late = b.submit(["late"], b.default_decode)
+    assert b.admissions(running) == []  # 79 + 2 would pass twice the budget: it waits for room
+    running.tokens, running.holding[id(big)] = 30, 30
+    assert b.admissions(running) == [(late, 0)]  # big is over its share (40 / 2): the newcomer alone joins
+
+
+def test_a_request_past_the_output_limit_is_refused_with_413():
+    from dataclasses import replace
+
+    from relmt.serve.requests import ApiError
+
+    b = scheduler(queue_size=64, max_output_tokens=200)
+    cfg = replace(b.default_decode, max_len_a=1.0, max_len_b=50)
+    b.submit(["a b c", "d"], cfg)  # (4 + 50) + (2 + 50) = 106
+    with pytest.raises(ApiError) as e:
+        b.submit(["a b c", "d"] * 2, cfg)  # 212 > 200
+    assert e.value.status == 413 and "max_request_output_tokens=200" in e.value.message
+    assert b.submit(["a b c", "", "d"], cfg)  # an empty line decodes nothing: 106
 
 
 def test_the_scheduler_drops_a_job_whose_client_left_and_fails_only_its_batch():
@@ -496,6 +554,36 @@ def test_a_client_that_leaves_costs_only_its_own_work(server):
     server.wait_metric("relmt_serve_cancelled_total", cancelled + 1)
     busy.join(30)
     still_serving(server)
+
+
+def test_a_long_request_shares_the_search_and_leaves_it_when_its_client_does(ckpt, tmp_path):
+    """Issue 74 §1 through a real server: a request of 16 lines of 200 words (each held to its output limit,
+    floor(4 |x|) = 804 steps, by min_len) is running when a 2-word request arrives; the short one joins the search
+    at once and is answered while the long one runs. Then the long one's client hangs up: its sentences leave the
+    search (counted in relmt_serve_cancelled_sentences) and its queued ones are dropped, and the server serves on."""
+    args = ["max_len_a=4", "max_len_b=0", "min_len=5000", "max_request_output_tokens=0", "max_lines=64",
+            "max_line_chars=2000", "max_body_bytes=200000"]
+    s = Server(ckpt, tmp_path / "server.log", *args)
+    try:
+        host, port = urllib.parse.urlsplit(s.url).netloc.split(":")
+        body = json.dumps({"text": [" ".join(["the"] * 200)] * 16}).encode()
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            deadline = time.monotonic() + 30
+            while s.metric("relmt_serve_batch_sentences_count") < 20 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the long request's sentences are stepping
+            r = post(s, {"text": "the dog"})
+            assert r.status_code == 200 and r.json()["translations"][0]
+            sock.settimeout(0.01)
+            with pytest.raises(TimeoutError):  # the long request is still decoding: no answer yet
+                sock.recv(1)
+        s.wait_metric("relmt_serve_cancelled_total", 1)
+        assert 0 < s.metric("relmt_serve_cancelled_sentences_total") <= 16
+        assert s.metric("relmt_serve_requests_in_progress") == 0
+        still_serving(s)
+    finally:
+        s.stop()
 
 
 def test_a_failing_batch_fails_only_its_own_requests(server):

@@ -160,6 +160,18 @@ def rules_of(cfg: DecodeConfig, pad_id: int, bos_id: int, eos_id: int, device: t
                  t2t, cfg.early_stop or greedy)
 
 
+def drop(run: Running, keep: list[bool], pad_id: int) -> Running | None:
+    """The search without the sentences where `keep` is False (their client left, relmt-serve): the others go on
+    as if those had never joined; None when none is left."""
+    if not any(keep):
+        return None
+    if all(keep):
+        return run
+    left = torch.tensor(keep, device=run.alive.device)
+    kept = replace(run, keys=tuple(key for key, k in zip(run.keys, keep) if k))
+    return trim(keep_sentences(kept, left), pad_id)
+
+
 def keep_sentences(run: Running, left: Tensor) -> Running:
     """The sentences where `left` (n,) is True; the keys are already theirs."""
     k = run.alive.shape[1]

@@ -18,9 +18,8 @@ class ServeArgs:
     quantization: str = ""  # engine=aoti: int8, as relmt-translate quantization=; default float32
     device: str = "auto"
     precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
-    # torch's intra-op threads for decoding; 0 = torch's default (OMP_NUM_THREADS, else every core). The
-    # event loop shares the cores: on 2 cores one thread served more sentences/s than two
-    # (docs/results/performance/serve_cpu_1thread.md beside serve_cpu.md)
+    # torch's intra-op threads for decoding, as relmt-train's and relmt-translate's threads=; 0 = the cores free
+    # at start (relmt.runtime.choose_threads; OMP_NUM_THREADS, where set, is kept)
     threads: int = 0
     host: str = "127.0.0.1"  # any other address needs RELMT_SERVE_API_KEY (relmt/serve/security.py)
     port: int = 8000  # 0: a free port, printed at start ("relmt-serve: listening on http://HOST:PORT")
@@ -32,6 +31,10 @@ class ServeArgs:
     # constraint phrases in one request (413 past it); a sentence may hold at most 16 phrases of 64 pieces in all
     # (relmt.decode.constraints.MAX_PHRASES, MAX_PIECES): each phrase raises the search's cost
     max_request_phrases: int = 64
+    # a request's output tokens at most, in all: each line's limit floor(max_len_a |x| + max_len_b), |x| its source
+    # tokens, summed (413 past it). With the defaults a request costs at most this many decoder steps of one
+    # sentence (docs/serving.md, "What one request may cost"); 0: no limit
+    max_request_output_tokens: int = 8192
     # translation requests in progress at once (their body being read, queued or decoding); past it 503 +
     # Retry-After. The health routes and the page are not counted, and idle or unfinished connections neither:
     # they are closed by the timeouts below and by uvicorn's 5 s keep-alive
@@ -78,6 +81,8 @@ def length_overrides(args: ServeArgs) -> dict:
 
 def check_args(args: ServeArgs) -> None:
     """Limits that would make the server refuse everything, or never refuse, are said at start."""
+    if args.max_request_output_tokens < 0:
+        raise UserError(f"max_request_output_tokens={args.max_request_output_tokens}: must be >= 0 (0: no limit)")
     for key in ("max_body_bytes", "max_lines", "max_line_chars", "max_beam", "max_request_phrases", "max_connections",
                 "queue_size", "max_batch_tokens"):
         if getattr(args, key) < 1:
@@ -92,7 +97,7 @@ def check_args(args: ServeArgs) -> None:
         raise UserError(f"request_timeout_s={args.request_timeout_s:g}: must be > 0")
     cors_origins(args)
     if args.threads < 0:
-        raise UserError(f"threads={args.threads}: must be >= 0 (0: torch's default)")
+        raise UserError(f"threads={args.threads}: must be >= 0 (0: the cores free at start)")
     if not 0 <= args.port <= 65535:
         raise UserError(f"port={args.port}: must be in [0, 65535] (0: any free port)")
 

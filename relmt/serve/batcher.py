@@ -2,12 +2,21 @@
 
 With continuous=True (relmt-serve's default) and a model the running search can take
 (relmt.decode.continuous.supports), the thread runs one beam search that queued jobs join between two
-steps (`run_stream`, relmt/serve/stream.py): the oldest job and those with its settings, once a
-quarter as many sentences as the search holds are queued or the oldest has waited max_wait_ms, within
-max_batch_tokens source tokens counting the running ones. A job with other settings waits for the
-search to end. A job the running search cannot take (sampling, or a target prefix or constraints, which
-change the search's steps; issue 60) is decoded batch by batch, with the jobs queued with its settings,
-while no search runs, and counted by `on_apart(reason)`. Otherwise it decodes batch after batch, as follows.
+steps (`run_stream`, relmt/serve/stream.py), sentence by sentence and in turn (issue 74 §1: one request of 64
+long lines held the server for a minute, first come first served):
+- the jobs with the oldest job's settings join once a quarter as many sentences as the search holds are queued
+  or the oldest has waited max_wait_ms;
+- they are taken round-robin, one sentence of each job per turn, so that no request waits for another's last
+  sentence to start;
+- max_batch_tokens source tokens (the running ones counted) are shared: each request with sentences running or
+  waiting may hold an equal share of them, and one past its share gets no more until it is under it again;
+- a request with nothing running may always start one sentence, within twice max_batch_tokens: a 3-word
+  request beside a search full of 499-word lines starts at the next step, not when they end.
+A job with other settings waits for the search to end. A job whose client leaves has its sentences taken out of
+the running search before the next step (`on_cancelled`), and its queued ones dropped. A job the running search
+cannot take (sampling, or a target prefix or constraints, which change the search's steps; issue 60) is decoded
+batch by batch, with the jobs queued with its settings, while no search runs, and counted by `on_apart(reason)`.
+Otherwise it decodes batch after batch, as follows.
 
 A request's sentences enter a bounded queue as one Job (all of them or none: a request that does
 not fit gets QueueFull, answered 503 with Retry-After). The thread takes the oldest job and decodes
@@ -48,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -58,7 +68,7 @@ from dataclasses import astuple, dataclass, field
 
 from relmt.config import DecodeConfig
 from relmt.decode import continuous
-from relmt.serve.requests import Asks
+from relmt.serve.requests import ApiError, Asks
 from relmt.serve.stream import Stream, annotate
 
 log = logging.getLogger(__name__)
@@ -92,10 +102,17 @@ class Job:
     key: tuple = ()
     results: list = field(default_factory=list)  # continuous batching: each sentence's answer as it finishes
     left: int = 0  # continuous batching: its sentences not yet finished
+    admitted: int = 0  # continuous batching: its sentences that have joined the running search, in order
 
     def __post_init__(self) -> None:  # the settings a batch shares; a sampling job shares with no other
         self.key = ("sampling", next(_ids)) if self.decode.sampling else astuple(self.decode) + \
             ((self.asks.apart, self.asks.ordered) if self.asks.apart else ())
+        self.results, self.left = [[] for _ in self.sentences], len(self.sentences)
+
+    def cost(self, i: int) -> int:
+        """Sentence i's source tokens (its pieces, cut to max_source_len, and EOS): its share of the search."""
+        cap = self.decode.max_source_len
+        return min(len(self.ids[i]), cap or len(self.ids[i])) + 1 if self.ids else 1
 
     @property
     def apart(self) -> str | None:
@@ -112,8 +129,11 @@ class Batcher:
     def __init__(self, load: Callable, queue_size: int, max_batch_tokens: int, max_wait_ms: float,
                  on_batch: Callable[[int, float], None], on_queue: Callable[[int], None],
                  on_load_error: Callable[[str], None], hooks: bool | None = None, continuous: bool = False,
-                 on_apart: Callable[[str], None] = lambda reason: None) -> None:
+                 on_apart: Callable[[str], None] = lambda reason: None, max_output_tokens: int = 0,
+                 on_cancelled: Callable[[int, int], None] = lambda jobs, sentences: None) -> None:
         self.load, self.queue_size, self.max_batch_tokens = load, queue_size, max_batch_tokens
+        self.max_output_tokens = max_output_tokens  # a request's output limit in all; 0: none
+        self.on_cancelled = on_cancelled  # told (jobs, sentences) taken out of the running search: their clients left
         self.continuous = continuous
         self.max_wait = max_wait_ms / 1000
         self.on_batch, self.on_queue, self.on_load_error = on_batch, on_queue, on_load_error
@@ -142,6 +162,11 @@ class Batcher:
             raise NotReady(self.load_error or ("shutting down" if self.stopping else "the model is loading"))
         ids = self.translator.tokenizer.encode(sentences)
         job = Job(sentences, decode, sum(len(x) + 1 for x in ids), asks=asks or Asks(), ids=ids)
+        if self.max_output_tokens and (cost := output_limit(job)) > self.max_output_tokens:
+            raise ApiError(413, f"the request may decode up to {cost} output tokens (each line's limit, "
+                           f"floor({decode.max_len_a:g} x its source tokens + {decode.max_len_b}), summed), more "
+                           f"than max_request_output_tokens={self.max_output_tokens}: send fewer or shorter lines "
+                           "in each request", "text")
         with self.cond:
             if self.pending + len(sentences) > self.queue_size:
                 raise QueueFull(f"{self.pending} sentences are queued (queue_size={self.queue_size})")
@@ -197,21 +222,27 @@ class Batcher:
         """Continuous batching: jobs join the running search between two steps (relmt/serve/stream.py);
         those the search cannot take (Job.apart: sampling, a prefix, constraints) are decoded as a batch of their
         own while nothing runs."""
-        while (jobs := self.admissions(stream)) is not None:
-            if jobs and jobs[0].apart:  # the jobs taken share its settings (Job.key), and so its reason
-                for job in jobs:
+        while (taken := self.admissions(stream)) is not None:
+            if taken and isinstance(taken[0], Job):  # jobs the search cannot take (Job.apart), sharing its reason
+                for job in taken:
                     self.on_apart(job.apart)
-                self.decode(jobs)
+                self.decode(taken)
                 continue
-            if jobs:
+            if taken:
                 try:
-                    self.test_hooks([s for job in jobs for s in job.sentences])
-                    stream.admit(jobs)
+                    self.test_hooks([job.sentences[i] for job, i in taken])
+                    stream.admit(taken)
                 except Exception as e:
+                    jobs = list({id(job): job for job, _ in taken}.values())
                     log.exception("admitting %d request(s) to the running search failed", len(jobs))
                     for job in jobs:
                         stream.jobs.pop(id(job), None)
+                        with self.cond:
+                            self.forget(job)
                         fail(job, BatchFailed(f"decoding failed: {type(e).__name__}: {e}"))
+            jobs_gone, sentences_gone = stream.drop_cancelled()  # their clients left: out before the next step
+            if jobs_gone:
+                self.on_cancelled(jobs_gone, sentences_gone)
             if stream.idle:
                 continue
             try:
@@ -223,11 +254,12 @@ class Batcher:
                     fail(job, BatchFailed(f"decoding failed in a step of {len(failed)} request(s): "
                                           f"{type(e).__name__}: {e}"))
 
-    def admissions(self, stream: Stream) -> list[Job] | None:
-        """The jobs to join the running search now: the oldest job and those with its settings, within
-        max_batch_tokens of source tokens counting the running ones; [] to step on without new ones (the
-        oldest has other settings, and waits for the search to end; or fewer than a quarter of its sentences are
-        queued and the oldest has waited less than max_wait); None once stopping with nothing left."""
+    def admissions(self, stream: Stream) -> list | None:
+        """What joins the running search now, as (job, sentence index) pairs taken in turn (the module's
+        docstring); or jobs the search cannot take (Job.apart), to decode as a batch while it is idle; [] to step
+        on without new ones (the oldest has other settings and waits for the search to end, or fewer than a quarter
+        of its sentences are queued and the oldest has waited less than max_wait, or no request has room); None
+        once stopping with nothing left."""
         with self.cond:
             while True:
                 while stream.idle and not self.queue and not self.stopping:
@@ -240,19 +272,70 @@ class Batcher:
                         return None
                     continue
                 first = self.queue[0]
-                budget = self.max_batch_tokens
+                if first.apart:
+                    if not stream.idle:
+                        return []
+                    jobs = self.take(first)
+                    if jobs:
+                        return jobs
+                    continue
                 if not stream.idle:
-                    if first.key != stream.key or stream.tokens + first.tokens > budget:
+                    if first.key != stream.key:
                         return []
                     # joining costs an encoder pass and a copy of the caches: gather a quarter of the search's
                     # sentences first, unless the oldest has waited max_wait
-                    waiting = sum(len(j.sentences) for j in self.queue if j.key == first.key)
+                    waiting = sum(len(j.sentences) - j.admitted for j in self.queue if j.key == first.key)
                     if 4 * waiting < len(stream.run.keys) and time.monotonic() - first.arrived < self.max_wait:
                         return []
-                    budget -= stream.tokens
-                jobs = self.take(first, budget)
-                if jobs or not stream.idle:
-                    return jobs
+                taken = self.in_turn([j for j in self.queue if j.key == first.key], stream)
+                if taken or not stream.idle:
+                    return taken
+
+    def in_turn(self, jobs: list[Job], stream: Stream) -> list[tuple[Job, int]]:
+        """Sentences of `jobs` (oldest first) to join the search: one of each job per turn while it is under its
+        share of max_batch_tokens (an equal share for every request running or waiting), a job with nothing
+        running always one, within twice max_batch_tokens in all (the module's docstring)."""
+        budget = self.max_batch_tokens
+        active = {id(j) for j in jobs} | set(stream.jobs)
+        share = budget / max(len(active), 1)
+        total = stream.tokens
+        held = {id(j): stream.held(j) for j in jobs}
+        taken: list[tuple[Job, int]] = []
+        more = True
+        while more:
+            more = False
+            for job in jobs:
+                if job.admitted == len(job.sentences):
+                    continue
+                cost = job.cost(job.admitted)
+                mine = held[id(job)]
+                if mine == 0:  # its first sentence in the search: whatever its share
+                    fits = total + cost <= 2 * budget or (stream.idle and not taken)
+                else:
+                    fits = mine + cost <= share and total + cost <= budget
+                if not fits:
+                    continue
+                if job.admitted == 0 and not job.future.set_running_or_notify_cancel():  # its client left
+                    self.forget(job)  # nothing of it joins
+                    job.admitted, job.cancelled = len(job.sentences), True
+                    continue
+                taken.append((job, job.admitted))
+                job.admitted += 1
+                held[id(job)] = mine + cost
+                total += cost
+                more = True
+        for job in jobs:
+            if job.admitted == len(job.sentences):
+                self.forget(job)
+        self.pending -= len(taken)
+        self.on_queue(self.pending)
+        return taken
+
+    def forget(self, job: Job) -> None:
+        """Take a job out of the queue (all its sentences are in the search, or it failed)."""
+        if job in self.queue:
+            self.queue.remove(job)
+            self.pending -= len(job.sentences) - job.admitted
 
     def next_batch(self) -> list[Job] | None:
         """The next batch: the oldest job and the jobs with its settings, up to max_batch_tokens, once as
@@ -287,7 +370,7 @@ class Batcher:
     def drop_cancelled(self) -> None:
         for job in [j for j in self.queue if j.cancelled]:
             self.queue.remove(job)
-            self.pending -= len(job.sentences)
+            self.pending -= len(job.sentences) - job.admitted  # those in the search leave it before its next step
             fail(job, BatchFailed("the client left"))
         self.on_queue(self.pending)
 
@@ -345,6 +428,14 @@ class Batcher:
             time.sleep(2.0)
         if any(FAULT_WORD in s for s in sentences):
             raise RuntimeError(f"test hook: {FAULT_WORD} in the batch ({HOOKS_ENV}=1)")
+
+
+def output_limit(job: Job) -> int:
+    """The output tokens a job may decode at most: each line's step limit, floor(a |x| + b) with |x| its source
+    tokens and EOS (relmt.decode.beam.max_lengths), summed over its non-empty lines."""
+    cfg = job.decode
+    return sum(math.floor(cfg.max_len_a * job.cost(i) + cfg.max_len_b)
+               for i, s in enumerate(job.sentences) if s.strip())
 
 
 def fail(job: Job, error: Exception) -> None:

@@ -72,10 +72,10 @@ def serve(argv: list[str]) -> int:
         import torch
 
         from relmt.decode.translator import Translator
-        from relmt.runtime import tune_cpu
+        from relmt.runtime import choose_threads, tune_cpu
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+        choose_threads(args.threads, torch.device("cuda" if cuda else "cpu"), "decoding")  # 0: the free cores
         tune_cpu()
         translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
                                                  engine=args.engine, quantization=args.quantization or "float32")
@@ -93,7 +93,8 @@ def serve(argv: list[str]) -> int:
 
     batcher = Batcher(load, args.queue_size, args.max_batch_tokens, args.max_wait_ms, metrics.observe_batch,
                       metrics.queue.set, load_failed, continuous=args.continuous,
-                      on_apart=lambda reason: metrics.apart.labels(reason).inc())
+                      on_apart=lambda reason: metrics.apart.labels(reason).inc(),
+                      max_output_tokens=args.max_request_output_tokens, on_cancelled=metrics.left_search)
     state = State(args, batcher, metrics, api_key=key)
     # no limit_concurrency: uvicorn's counts every open connection, unfinished and idle ones included, and
     # answers 503 to /health past it; max_connections counts translations (relmt/serve/app.py)

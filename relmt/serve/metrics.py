@@ -32,8 +32,15 @@ class Metrics:
         self.apart = Counter("relmt_serve_decoded_apart", "Translation requests the running search (continuous "
                              "batching) could not take, decoded batch by batch, by reason: constraints, prefix, "
                              "sampling", ["reason"], registry=r)
-        self.cancelled = Counter("relmt_serve_cancelled", "Requests whose client left before their batch was "
-                                 "taken (their sentences were not decoded)", registry=r)
+        self.cancelled = Counter("relmt_serve_cancelled", "Requests whose client left before they were decoded: "
+                                 "before their batch was taken, or (continuous batching) while in the running "
+                                 "search, whose sentences then left it before its next step", registry=r)
+        self.cancelled_sentences = Counter("relmt_serve_cancelled_sentences", "Sentences taken out of the running "
+                                           "search (continuous batching) because their client left", registry=r)
+
+    def left_search(self, jobs: int, sentences: int) -> None:
+        self.cancelled.inc(jobs)
+        self.cancelled_sentences.inc(sentences)
 
     def observe_batch(self, sentences: int, seconds: float) -> None:
         self.batch_size.observe(sentences)

@@ -1,7 +1,8 @@
 """The decoding thread's running search under continuous batching (relmt/decode/continuous.py).
 
-Jobs with one decoding setting are admitted between two steps: their sentences are encoded, cut to
-decode.max_source_len as relmt-translate cuts them (with the same warning), and joined to the search.
+Sentences of jobs with one decoding setting are admitted between two steps, in the turns the scheduler gives
+(relmt/serve/batcher.py): cut to decode.max_source_len as relmt-translate cuts them (with the same warning), and
+joined to the search. The sentences of a job whose client left are taken out of it before the next step.
 Each step hands every sentence that finished, detokenised, to its job; a job is answered when its
 last sentence finishes, its sentences in input order (an empty line: no hypotheses, as offline).
 Token scores and word alignments, where a job asks for them, are added as its sentences finish, by one
@@ -47,33 +48,30 @@ class Stream:
         self.run: continuous.Running | None = None
         self.key: tuple = ()  # the decoding settings of the running jobs (Job.key), and the settings themselves
         self.cfg = None
-        self.jobs: dict[int, object] = {}  # id -> Job of the jobs in the running search
-        self.tokens = 0  # their source tokens (EOS included), for the scheduler's budget
+        self.jobs: dict[int, object] = {}  # id -> Job of the jobs with sentences in the running search
+        self.cost: dict[tuple[int, int], int] = {}  # (job id, sentence) in the search -> its source tokens and EOS
+        self.tokens = 0  # their sum, for the scheduler's budget
 
     @property
     def idle(self) -> bool:
         return self.run is None
 
-    def admit(self, jobs: list) -> None:
-        """Join the jobs' sentences to the search (all jobs share one decoding setting)."""
-        cfg, model = jobs[0].decode, self.translator.model
-        sentences = [(job, i, s) for job in jobs for i, s in enumerate(job.sentences)]
-        ids = [x for job in jobs for x in job.ids]
+    def admit(self, taken: list) -> None:
+        """Join sentences, (job, sentence index) pairs of jobs that share one decoding setting, to the search."""
+        cfg, model = taken[0][0].decode, self.translator.model
+        ids = [job.ids[i] for job, i in taken]
         lens = capped_lengths(ids, cfg.max_source_len, "request", 1)
         rows, keys = [], []
-        for job in jobs:
-            job.results, job.left = [[] for _ in job.sentences], len(job.sentences)
-        for (job, i, s), x, n in zip(sentences, ids, lens):
-            if n and s.strip():
+        for (job, i), x, n in zip(taken, ids, lens):
+            if n and job.sentences[i].strip():
                 rows.append(list(x[:n]) + [EOS_ID])
                 keys.append((id(job), i))
-            else:
-                job.left -= 1  # an empty line: no hypotheses
-        for job in jobs:
-            if job.left:
+                self.cost[(id(job), i)] = int(n) + 1
                 self.jobs[id(job)] = job
             else:
-                job.future.set_result(job.results)
+                job.left -= 1  # an empty line: no hypotheses
+                if not job.left:
+                    self.finish(job)
         if not rows:
             return
         src = np.full((len(rows), max(map(len, rows))), PAD_ID, dtype=np.int64)
@@ -81,8 +79,30 @@ class Stream:
             src[r, : len(x)] = x
         with self.autocast():
             new = continuous.start(model, torch.from_numpy(src).to(self.translator.device), keys, cfg, BOS_ID)
-        self.run, self.key, self.cfg = continuous.join(self.run, new, PAD_ID), jobs[0].key, cfg
-        self.tokens = int(self.run.src_mask.sum())
+        self.run, self.key, self.cfg = continuous.join(self.run, new, PAD_ID), taken[0][0].key, cfg
+        self.tokens = sum(self.cost.values())
+
+    def held(self, job) -> int:
+        """The source tokens of the job's sentences in the search (its share of max_batch_tokens)."""
+        return sum(c for (job_id, _), c in self.cost.items() if job_id == id(job)) if id(job) in self.jobs else 0
+
+    def finish(self, job) -> None:
+        self.jobs.pop(id(job), None)
+        job.future.set_result(job.results)
+
+    def drop_cancelled(self) -> tuple[int, int]:
+        """Take the sentences of jobs whose client left out of the search: how many jobs, and sentences."""
+        gone = {job_id for job_id, job in self.jobs.items() if job.cancelled}
+        if not gone or self.run is None:
+            return 0, 0
+        keys = [key for key in self.run.keys if key[0] in gone]
+        self.run = continuous.drop(self.run, [key[0] not in gone for key in self.run.keys], PAD_ID)
+        for job_id in gone:
+            del self.jobs[job_id]
+        for key in keys:
+            del self.cost[key]
+        self.tokens = sum(self.cost.values())
+        return len(gone), len(keys)
 
     def step(self) -> None:
         """One step of every sentence; the finished ones go to their jobs."""
@@ -95,17 +115,17 @@ class Stream:
             return
         done = [(self.jobs[job_id], i, hyps) for (job_id, i), hyps in finished]
         for (job, i, _), translations in zip(done, annotate(self.translator, self.cfg, done)):
+            del self.cost[(id(job), i)]
             job.results[i] = translations
             job.left -= 1
             if not job.left:
-                del self.jobs[id(job)]
-                job.future.set_result(job.results)
-        self.tokens = 0 if self.run is None else int(self.run.src_mask.sum())
+                self.finish(job)
+        self.tokens = sum(self.cost.values())
 
     def fail(self) -> list:
         """Drop the running search; the jobs in it, for the caller to fail."""
         jobs = list(self.jobs.values())
-        self.run, self.jobs, self.tokens = None, {}, 0
+        self.run, self.jobs, self.tokens, self.cost = None, {}, 0, {}
         return jobs
 
     def autocast(self):
