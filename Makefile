@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The main job: relative positions, the toy model, the embedded toy corpus (configs/config.yaml).
+# THREADS=N: torch's CPU threads (relmt-train threads=N); unset: the cores free at start (relmt/runtime.py).
+THREADS ?=
 train: $(STAMP)
-	$(VENV)/bin/relmt-train
+	$(VENV)/bin/relmt-train $(if $(THREADS),threads=$(THREADS))
 
 # make test: every test but the exhaustive ones (sweeps, and the two longest benchmark-script runs) and the CUDA
 # ones (under 15 minutes on 2 cores: docs/results/performance/make_test/timing.json); test-fast
@@ -32,8 +34,9 @@ train: $(STAMP)
 # rebalances the long end-to-end tests. XDIST= runs them in one process.
 XDIST ?= -n auto --dist worksteal
 
+# THREADS=N: each worker's torch threads (OMP_NUM_THREADS); unset: one per worker (tests/conftest.py)
 test: $(STAMP)
-	$(PY) -m pytest $(XDIST) -m "not exhaustive and not gpu"
+	$(if $(THREADS),OMP_NUM_THREADS=$(THREADS)) $(PY) -m pytest $(XDIST) -m "not exhaustive and not gpu"
 
 test-fast: $(STAMP)
 	$(PY) -m pytest $(XDIST) -m "not slow and not exhaustive and not gpu"

@@ -382,7 +382,6 @@ class TrainConfig:
     # lengths, so a batch holds the same sentences either way
     pad_to_multiple: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: int = 0  # torch CPU threads; 0 = torch's default
     eval_every: int = 1000  # validate every N updates (and at the end)
     valid_bleu: bool = True  # decode the validation set for BLEU (else loss only)
     best_metric: BestMetric = BestMetric.bleu  # what picks checkpoints/best.pt and drives patience: bleu or loss
@@ -417,7 +416,7 @@ class TrainConfig:
         for name in ("max_padded_tokens", "update_freq", "eval_every", "save_every", "log_every", "warmup_steps",
                      "max_bad_steps", "dist_timeout_minutes"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "max_epochs", "max_sentences", "keep_last", "num_threads", "pad_to_multiple"):
+        for name in ("max_steps", "max_epochs", "max_sentences", "keep_last", "pad_to_multiple"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.max_steps > 0 or self.max_epochs > 0, "train.max_steps",
                "set train.max_steps or train.max_epochs (both are 0, so training would never stop)")
@@ -536,6 +535,12 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     seed: int = 1  # torch's seed for the initial weights, dropout and batch order
     out_dir: str = ""  # the run directory; the CLI sets it to Hydra's output dir
+    # torch CPU threads, as relmt-translate's and relmt-serve's threads=; 0 = the cores free at start
+    # (relmt.runtime.choose_threads: all of them on a quiet machine, fewer beside other processes)
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.threads >= 0, "threads", f"must be >= 0 (0: the cores free at start), got {self.threads}")
 
 
 def config_dir() -> Path:
@@ -585,6 +590,7 @@ RENAMED_KEYS = {
     "train.lr": "train.noam_scale under lr_schedule=noam, train.peak_lr under lr_schedule=inverse_sqrt",
     "train.max_tokens": "train.max_padded_tokens",
     "decode.max_tokens": "decode.max_source_tokens",
+    "train.num_threads": "threads (one name for every command: relmt-train, relmt-translate and relmt-serve)",
 }
 
 
@@ -594,9 +600,11 @@ def upgrade_config(values: dict) -> dict:
     lr_schedule says which (noam: train.noam_scale, inverse_sqrt: train.peak_lr), and
     train.max_tokens is train.max_padded_tokens. Other values come back as they were."""
     train = values.get("train")
-    if not isinstance(train, dict) or not {"lr", "max_tokens"} & train.keys():
+    if not isinstance(train, dict) or not {"lr", "max_tokens", "num_threads"} & train.keys():
         return values
     train = dict(train)
+    if "num_threads" in train:  # issue 74: one name, threads, for every command
+        values = {"threads": train.pop("num_threads"), **values}
     if "lr" in train:  # the old schema's default schedule was noam
         noam = LrSchedule(train.get("lr_schedule", LrSchedule.noam)) == LrSchedule.noam
         train["noam_scale" if noam else "peak_lr"] = train.pop("lr")

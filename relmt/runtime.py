@@ -25,6 +25,8 @@ import ctypes.util
 import logging
 import os
 import sys
+import time
+from pathlib import Path
 
 import torch
 
@@ -57,11 +59,50 @@ def tune_cpu() -> dict[str, bool]:
     return _applied
 
 
-def warn_if_busy(device: torch.device, load: float | None = None) -> bool:
-    """Warn when other processes already hold the cores that CPU training's threads would use: libgomp's
-    threads spin while they wait for each other (unless OMP_WAIT_POLICY=PASSIVE), and against another job's
-    threads a step ran 1.9-3.4x slower than with one thread (docs/results/performance/busy_cpu.md). `load`: the
-    one-minute load average (default: the system's), read before this process starts working. Returns
+def busy_cores(window: float = 0.25) -> float | None:
+    """How many cores other processes keep busy now: the machine's busy time over `window` seconds (from
+    /proc/stat, while this process sleeps), in cores; None where /proc/stat is not there."""
+    def read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]  # all but guest time; idle + iowait
+
+    try:
+        total0, idle0 = read()
+        time.sleep(window)
+        total1, idle1 = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (1 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
+
+
+def choose_threads(threads: int, device: torch.device, what: str = "training") -> int:
+    """Set torch's intra-op threads for a command (issue 74 §2: relmt-train's, relmt-translate's and relmt-serve's
+    `threads`) and return them. threads > 0 is taken as given; 0 (the default) takes the cores that other
+    processes leave free at start (`busy_cores`), at most torch's default (the physical cores) and at least one:
+    with the threads of another job on the cores, libgomp's spinning threads ran a step 1.5-5x slower than one
+    thread did (docs/results/performance/busy_cpu.md, threads_busy.md). OMP_NUM_THREADS in the environment is
+    the user's choice and is kept. On a GPU the CPU threads are torch's default. Then warns as `warn_if_busy`."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+    elif device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        default = torch.get_num_threads()
+        busy = busy_cores()
+        if busy is not None:
+            free = (os.cpu_count() or default) - int(busy + 0.5)
+            torch.set_num_threads(max(1, min(default, free)))
+            log.info("threads=0: %.1f of %d cores busy at start: %s with %d threads", busy, os.cpu_count() or 0,
+                     what, torch.get_num_threads())
+    warn_if_busy(device, what=what)
+    return torch.get_num_threads()
+
+
+def warn_if_busy(device: torch.device, load: float | None = None, what: str = "training") -> bool:
+    """Warn when other processes already hold the cores that CPU training's or decoding's threads would use:
+    libgomp's threads spin while they wait for each other (unless OMP_WAIT_POLICY=PASSIVE), and against another
+    job's threads a step ran 1.9-3.4x slower than with one thread (docs/results/performance/busy_cpu.md). `load`:
+    the one-minute load average (default: the system's), read before this process starts working. Returns
     whether it warned."""
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads < 2 or os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive":
@@ -74,10 +115,10 @@ def warn_if_busy(device: torch.device, load: float | None = None) -> bool:
     cores = os.cpu_count() or threads
     if load + threads <= cores + 0.5:
         return False
-    log.warning("the machine is busy (load average %.1f on %d cores) and training uses %d threads, which spin "
+    log.warning("the machine is busy (load average %.1f on %d cores) and %s uses %d threads, which spin "
                 "against the other processes: a step can take several times longer. With others on the machine, "
-                "train.num_threads=1 (or OMP_WAIT_POLICY=PASSIVE in the environment) trains faster "
-                "(docs/getting-started.md, A shared or busy machine)", load, cores, threads)
+                "threads=1, or threads=0 (the cores free at start), or OMP_WAIT_POLICY=PASSIVE in the environment "
+                "runs faster (docs/getting-started.md, A shared or busy machine)", load, cores, what, threads)
     return True
 
 

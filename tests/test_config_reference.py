@@ -35,13 +35,13 @@ def test_the_committed_reference_is_what_the_script_writes():
 def test_every_key_of_the_composed_config_has_a_row():
     keys = leaf_keys(to_dict(compose([])))
     assert keys == set(page_rows()), keys ^ set(page_rows())
-    assert {"train.num_threads", "train.update_freq", "data.toy.max_words", "seed"} <= keys
+    assert {"threads", "train.update_freq", "data.toy.max_words", "seed"} <= keys
 
 
 def test_a_row_holds_the_type_the_defaults_and_the_comment():
     rows = page_rows()
     # an end-of-line comment; the default relmt-train runs with equals the schema's
-    assert rows["train.num_threads"] == "| `train.num_threads` | int | `0` | torch CPU threads; 0 = torch's default |"
+    assert rows["seed"].startswith("| `seed` | int | `1` | torch's seed for the initial weights")
     # configs/train/default.yaml overrides the schema's 100000; comment lines above a field are its help too
     assert rows["train.max_steps"].startswith("| `train.max_steps` | int | `400`<br>schema: `100000` |")
     assert "| early stopping: stop after this many validations" in rows["train.patience"]

@@ -103,6 +103,6 @@ def test_the_built_site_renders_the_config_fields(tmp_path):
 
     build(load_config(str(ROOT / "mkdocs.yml"), site_dir=str(tmp_path), strict=False))
     api = (tmp_path / "api/index.html").read_text()
-    assert 'id="relmt.config.TrainConfig.num_threads"' in api and 'id="relmt.config.ModelConfig.positions"' in api
-    assert "<code>train.num_threads</code>" in (tmp_path / "config/index.html").read_text()
+    assert 'id="relmt.config.Config.threads"' in api and 'id="relmt.config.ModelConfig.positions"' in api
+    assert "<code>threads</code>" in (tmp_path / "config/index.html").read_text()
     assert "stylesheets/extra.css" in (tmp_path / "index.html").read_text()

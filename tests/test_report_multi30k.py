@@ -70,7 +70,7 @@ def test_header_names_command_host_and_the_preset(multi30k):
     assert "## multi30k_text, mmt_tiny model (d_model 128)" in md  # model.name, not the d_model guess ("toy")
     assert "guessed from d_model" not in md
     assert ("Wall time per run: 120 min (training and validation; test decoding not included; "
-            "train.num_threads 1).") in md
+            "threads 1).") in md
 
 
 def test_table1_has_three_labelled_metrics_per_test_set_and_no_paper_column(multi30k):

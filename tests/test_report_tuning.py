@@ -33,7 +33,7 @@ def test_tuning_table_shows_the_differing_settings_and_the_valid_curves(tmp_path
     assert "| run | model.dropout | valid BLEU @500 | valid BLEU @1000 |" in text
     assert "| r1_drop0.1 | 0.1 | 20.20 | 32.50 | 36.50 | 60.00 | 39.50 | 37.25 | 30 |" in text
     assert "| r1_drop0.3 | 0.3 | 14.40 | 30.20 | 35.00 | 60.00 | 38.00 | – | 30 |" in text
-    assert "data.dir" not in text and "train.num_threads" not in text  # not choices being tuned
+    assert "data.dir" not in text and "threads" not in text  # not choices being tuned
     assert "Highest final valid sacreBLEU: r1_drop0.1 (36.50)" in text
     assert "no test set" in text and text == capsys.readouterr().out
 

@@ -46,6 +46,7 @@ class TranslateArgs:
     buffer_lines: int = 2000  # input lines read, translated and written at a time
     precision: str = ""  # auto | fp32 | bf16 | fp16; default: the checkpoint's train.precision
     device: str = "auto"
+    threads: int = 0  # torch CPU threads, as relmt-train's and relmt-serve's threads=; 0 = the cores free at start
     compile: bool = False  # torch.compile the decoder step (relmt/decode/compiled.py): for large inputs
     engine: str = "torch"  # torch | onnx | aoti | ctranslate2 (relmt/export/engines.py)
     quantization: str = ""  # engine=aoti: int8 runs int8 linear maps (relmt/export/quantize.py); default float32
@@ -168,7 +169,7 @@ def _translate(argv: list[str]) -> None:
     from relmt import checkpoint
     from relmt.config import EosCandidates, LengthNorm
     from relmt.decode.translator import Translator
-    from relmt.runtime import tune_cpu
+    from relmt.runtime import choose_threads, tune_cpu
 
     for arg in argv:
         key = arg.partition("=")[0]
@@ -203,6 +204,12 @@ def _translate(argv: list[str]) -> None:
     if refs is not None and (prefixes is not None or args.constraints or args.alignments or args.token_scores):
         raise UserError("reference= scores given translations: prefix, constraints, alignments and token_scores "
                         "are for translating")
+    if args.threads < 0:
+        raise UserError(f"threads={args.threads}: must be >= 0 (0: the cores free at start)")
+    import torch
+
+    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    choose_threads(args.threads, torch.device("cuda" if cuda else "cpu"), "decoding")  # warns beside busy cores
     tune_cpu()  # the command owns its process; the Translator API leaves this to its caller
     translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
                                              compile=args.compile, engine=args.engine,

@@ -226,7 +226,7 @@ def md_speed(group: Group) -> str | None:
             "runs of the positions comparison. Runs may come from different sessions, with other work on the same "
             "cores, and the CPU can differ between sessions (the last column): a paired measurement of the modes' step "
             "times is `scripts/bench/bench_train.py --positions ...`.\n\n"
-            + md_table(["positions", "runs", "target tok/s", "train.num_threads", "CPU (runs)"], rows))
+            + md_table(["positions", "runs", "target tok/s", "threads", "CPU (runs)"], rows))
 
 
 def md_about(group: Group) -> str:
@@ -251,7 +251,7 @@ def md_about(group: Group) -> str:
         test = ("test decoding included" if timed == len(minutes) else "test decoding not included" if not timed
                 else f"test decoding included for {timed} of {len(minutes)} runs")
         about += (f" Wall time per run: {low if low == high else f'{low}–{high}'} min (training and validation; "
-                  f"{test}; train.num_threads {', '.join(threads)}).")
+                  f"{test}; threads {', '.join(threads)}).")
     return about
 
 
@@ -335,7 +335,8 @@ def length_markdown(report: Report, name: str) -> str:
 
 
 # Settings that differ between runs without being a choice being tuned.
-IGNORED = ("out_dir", "data.dir", "data.cache_dir", "train.resume", "train.progress", "train.num_threads")
+IGNORED = ("out_dir", "data.dir", "data.cache_dir", "train.resume", "train.progress", "threads",
+           "train.num_threads")  # the second: runs saved before issue 74 named the threads so
 
 
 def tuning_markdown(sources: list[str], title: str, command: str | None) -> str:

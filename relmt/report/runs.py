@@ -127,9 +127,9 @@ def read_curve(path: Path) -> list[tuple[int, float]]:
 # Settings that never change a run's figures (where it ran, how it logged) or that the report compares
 # on their own (the seed); every other key of config.yaml must agree for runs to count as seeds of one
 # configuration. data.length_buckets only changes how BLEU by length is cut.
-NOT_COMPARED = ("seed", "out_dir", "train.resume", "train.progress", "train.num_threads", "train.device",
-                "train.log_every", "train.dist_timeout_minutes", "data.dir", "data.cache_dir", "data.num_proc",
-                "data.length_buckets", "model.name")
+NOT_COMPARED = ("seed", "out_dir", "train.resume", "train.progress", "threads", "train.num_threads",
+                "train.device", "train.log_every", "train.dist_timeout_minutes", "data.dir", "data.cache_dir",
+                "data.num_proc", "data.length_buckets", "model.name")
 
 
 def settings(cfg: dict) -> tuple[tuple[str, str], ...]:
@@ -191,7 +191,7 @@ def load_run(path: Path) -> Run:
                wall_seconds=metrics.get("wall_seconds"), train_seconds=metrics.get("train_seconds"),
                test_seconds=metrics.get("test_seconds"), tokens_per_s=metrics.get("tokens_per_s"),
                cpu=(metrics.get("host") or {}).get("cpu"), device=train.get("device"),
-               threads=train.get("num_threads"), updates=train.get("max_steps"),
+               threads=cfg.get("threads", train.get("num_threads")), updates=train.get("max_steps"),
                frozen=tuple(str(p) for p in train.get("freeze") or ()),
                signatures={m: tuple(sorted({str(r[k]) for r in results if r.get(k)})) for m, k in SIGNATURES.items()},
                settings=settings(cfg), corpora=corpora,

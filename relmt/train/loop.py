@@ -223,10 +223,8 @@ def train(cfg: Config) -> dict:
         logging.getLogger().setLevel(logging.WARNING)  # only rank 0 logs and saves
     amp = runtime.autocast_dtype(tcfg.precision, dist.device, "train.precision")  # fails before the data work
     routes.report(reset=True)  # metrics.json names the routes this run took (a sweep runs jobs in one process)
-    if tcfg.num_threads:
-        torch.set_num_threads(tcfg.num_threads)
+    runtime.choose_threads(cfg.threads, dist.device)  # threads=0: the cores free at start
     runtime.tune_cpu()
-    runtime.warn_if_busy(dist.device)
     torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ across ranks
     # A resume is checked before the data is prepared: a refused one should not wait for a cache build.
     batch_source = resume.batch_source(cfg.data, dist.world_size)

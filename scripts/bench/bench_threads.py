@@ -43,7 +43,7 @@ def train_jobs(overrides: list[str], threads: list[int], steps: int, work: Path,
     for i, n in enumerate(threads):
         run_dir = work / f"{tag}-{i}"
         dirs.append(run_dir)
-        cmd = [str(bin_dir / "relmt-train"), *overrides, f"seed={i + 1}", f"train.num_threads={n}",
+        cmd = [str(bin_dir / "relmt-train"), *overrides, f"seed={i + 1}", f"threads={n}",
                f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.save_every={steps}",
                f"train.log_every={max(steps // 4, 1)}", "train.valid_bleu=false", "train.progress=false",
                f"hydra.run.dir={run_dir}"]

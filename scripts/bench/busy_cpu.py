@@ -12,7 +12,7 @@ and three thread settings for the timed job(s): torch's default threads (one per
 default wait (threads spin about 300,000 times before they sleep: GOMP_SPINCOUNT=300000, which is
 what an unset OMP_WAIT_POLICY gives), the same threads with OMP_WAIT_POLICY=PASSIVE (they sleep at
 once), the same threads with a short spin (GOMP_SPINCOUNT=10000, about 0.1 ms), and
-train.num_threads=1. The arrangements run interleaved, --repeats times; the table gives
+threads=1. The arrangements run interleaved, --repeats times; the table gives
 medians. Nothing else may run on the machine meanwhile.
 
 The default corpus is ../shared/data/multi30k, this project's machines' copy; pass --data-dir for another.
@@ -24,6 +24,7 @@ The default corpus is ../shared/data/multi30k, this project's machines' copy; pa
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -35,11 +36,12 @@ from bench_threads import ROOT, train_jobs  # noqa: E402
 
 from relmt.bench import command_line, hardware, markdown_table, write_json  # noqa: E402
 
-# (setting, threads of the timed job (0: torch's default), environment)
-SETTINGS = [("default threads, spin (libgomp)", 0, {"GOMP_SPINCOUNT": "300000"}),  # libgomp's default wait, named
-            ("default threads, passive", 0, {"OMP_WAIT_POLICY": "PASSIVE"}),
+# (setting, threads of the timed job (one per core: torch's default before issue 74's threads=0), environment)
+CORES = os.cpu_count() or 1
+SETTINGS = [("default threads, spin (libgomp)", CORES, {"GOMP_SPINCOUNT": "300000"}),  # libgomp's default wait
+            ("default threads, passive", CORES, {"OMP_WAIT_POLICY": "PASSIVE"}),
             # about 0.1 ms of spinning (libgomp counts 100,000 spins a millisecond)
-            ("default threads, short spin", 0, {"GOMP_SPINCOUNT": "10000"}),
+            ("default threads, short spin", CORES, {"GOMP_SPINCOUNT": "10000"}),
             ("num_threads=1", 1, {"GOMP_SPINCOUNT": "300000"})]
 # (machine, jobs side by side with the timed job's settings, pure-Python spinners beside them)
 MACHINES = [("quiet", 1, 0), ("two jobs", 2, 0), ("a spinner", 1, 1)]

@@ -49,7 +49,7 @@ def train(index: int, name: str, env: dict, args: argparse.Namespace, work: Path
     update on (after the first updates' allocations)."""
     run, log = work / f"run{index}", work / f"run{index}.log"
     cmd = [str(Path(sys.executable).parent / "relmt-train"), "experiment=multi30k_wu2021", f"data.dir={args.data}",
-           f"model.positions={args.positions}", "train.num_threads=1", "train.progress=false",
+           f"model.positions={args.positions}", "threads=1", "train.progress=false",
            f"train.max_steps={args.steps}", "train.eval_every=100000", "train.save_every=100000",
            f"train.log_every={args.log_every}", "train.test_checkpoint=last", "train.average_last=0",
            "~data.splits.test", "~data.splits.test_2017_flickr", "~data.splits.test_2017_mscoco",

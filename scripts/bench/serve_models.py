@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
              f"data.dir={corpus}", "data.src=src", "data.tgt=tgt", "data.spm_model_type=word", "~data.splits.test",
              "train.max_padded_tokens=8192", f"train.max_steps={opts.steps}", "train.log_every=10",
              f"train.eval_every={opts.steps}", f"train.save_every={opts.steps}", "train.valid_bleu=false",
-             f"train.num_threads={opts.threads}", "train.progress=false", f"seed={PEER_SEED}"], relmt / "serve.log")
+             f"threads={opts.threads}", "train.progress=false", f"seed={PEER_SEED}"], relmt / "serve.log")
 
     out = opts.scratch / "serve/onmt-rel"
     onmt = out / f"model_step_{opts.steps}.pt"

@@ -37,7 +37,7 @@ def run(name: str, args: argparse.Namespace, *extra: str) -> dict:
     subprocess.run([str(Path(sys.executable).parent / "relmt-train"), "experiment=multi30k_cpu",
                     f"data.dir={args.data}", "model.positions=rel", "train.max_epochs=1", "train.max_steps=0",
                     "train.eval_every=100000", "train.save_every=100000", "train.valid_bleu=false",
-                    f"train.num_threads={args.threads}", "train.progress=false", "train.test_checkpoint=last",
+                    f"threads={args.threads}", "train.progress=false", "train.test_checkpoint=last",
                     "decode=greedy", "seed=1", f"hydra.run.dir={out}", *extra], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL)
     m = json.loads((out / "metrics.json").read_text())

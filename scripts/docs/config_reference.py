@@ -37,7 +37,7 @@ INTRO = """\
 run `python scripts/docs/config_reference.py`. tests/test_config_reference.py fails when this page is stale. -->
 
 Every key of the run config, one table per section, as you write it on the command line of
-`relmt-train` and `relmt-prepare` (`relmt-train train.num_threads=2 model.positions=abs`). The
+`relmt-train` and `relmt-prepare` (`relmt-train threads=2 model.positions=abs`). The
 **default** is what `relmt-train` uses with no override: the schema in `relmt/config.py` filled by
 `configs/config.yaml` and the groups it picks (`model=toy`, `data=toy`, `train=default`,
 `decode=greedy`). Where the dataclass's own default differs, it follows as **schema**: a key has

@@ -160,7 +160,7 @@ CONV=(--updates "${CONV_UPDATES:-300}" --tgt-tokens "${CONV_TOKENS:-8000}")
 
 # --- m30k: the Multi30k recipe on the GPU, in the background -------------------------------------------
 if want m30k; then
-  M30K_ARGS=(experiment=multi30k_cpu "data.dir=$M30K" seed=1 train.device=cuda train.precision=bf16 train.num_threads=2
+  M30K_ARGS=(experiment=multi30k_cpu "data.dir=$M30K" seed=1 train.device=cuda train.precision=bf16 threads=2
              train.progress=false "${M30K_EXTRA[@]}")
   log "prepare Multi30k"
   mkdir -p "$W/m30k"

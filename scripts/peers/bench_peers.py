@@ -183,7 +183,7 @@ class Bench:
                       "data.src=src", "data.tgt=tgt", "data.spm_model_type=word", "~data.splits.test",
                       "train.max_padded_tokens=8192", f"train.max_steps={self.steps}",
                       f"train.log_every={self.log_every}", f"train.eval_every={self.steps}",
-                      f"train.save_every={self.steps}", "train.valid_bleu=false", f"train.num_threads={self.threads}",
+                      f"train.save_every={self.steps}", "train.valid_bleu=false", f"threads={self.threads}",
                       "train.progress=false", f"seed={PEER_SEED}"], out / "bench.log",
                      {"RELMT_CPU_GEMM": "mkl" if system == "relmt-mkl" else "auto"})
             marks = relmt_marks(out)

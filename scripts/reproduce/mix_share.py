@@ -33,7 +33,7 @@ def run(name: str, weights: tuple[float, float], args: argparse.Namespace) -> di
                f"data.corpora.0.dir={args.multi30k}", f"data.corpora.1.dir={args.europarl}",
                f"data.corpora.0.weight={weights[0]}", f"data.corpora.1.weight={weights[1]}", *limit,
                "train.valid_bleu=false", "train.eval_every=100000", "train.log_every=50", "train.save_every=100000",
-               f"train.num_threads={args.threads}", "train.progress=false", "train.resume=true",
+               f"threads={args.threads}", "train.progress=false", "train.resume=true",
                "train.test_checkpoint=last", "decode=greedy", f"hydra.run.dir={out}"]
         subprocess.run(cmd, check=True, cwd=ROOT)  # paths relative to the checkout
     metrics = json.loads((out / "metrics.json").read_text())

@@ -39,7 +39,7 @@ def main() -> None:
     if not done.is_file() or json.loads(done.read_text())["status"] != "completed":
         subprocess.run([str(BIN / "relmt-train"), "data=multilingual_en_defr", "model=mmt_tiny",
                         f"train.max_steps={args.steps}", "train.eval_every=500", "train.save_every=500",
-                        "train.valid_bleu=false", f"train.num_threads={args.threads}", "train.progress=false",
+                        "train.valid_bleu=false", f"threads={args.threads}", "train.progress=false",
                         "train.resume=true", "decode=greedy", f"hydra.run.dir={run}"], check=True, cwd=ROOT)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ def run(name: str, args: argparse.Namespace, *extra: str) -> Path:
                         "model.positions=rel", "model.dropout=0.1", "train=multi30k_cpu",
                         f"data.corpora.0.dir={args.multi30k}", f"data.corpora.1.dir={args.europarl}",
                         f"train.max_steps={args.steps}", f"train.eval_every={args.eval}", "train.valid_bleu=false",
-                        f"train.save_every={args.steps}", f"train.num_threads={args.threads}", "train.progress=false",
+                        f"train.save_every={args.steps}", f"threads={args.threads}", "train.progress=false",
                         "train.resume=true", "train.test_checkpoint=last", "decode=greedy", "seed=1",
                         f"hydra.run.dir={out}", *extra], check=True, cwd=ROOT)
     return out

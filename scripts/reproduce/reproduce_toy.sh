@@ -16,7 +16,7 @@ OUT=${OUT:-runs/reproduce_toy}
 JOBS=${JOBS:-2}
 THREADS=$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))
 SEEDS=${SEEDS:-1,2}
-common=(hydra/launcher=parallel "hydra.launcher.n_jobs=$JOBS" "train.num_threads=$THREADS" train.progress=false
+common=(hydra/launcher=parallel "hydra.launcher.n_jobs=$JOBS" "threads=$THREADS" train.progress=false
         train.eval_every=400 train.save_every=400 "seed=$SEEDS")
 
 start=$(date +%s)

@@ -76,7 +76,7 @@ run() {  # run LINE: one run of the queue, resumed if cut off; its artifacts kep
     fi
     echo "$(date +%H:%M:%S) start $name ${resume[*]}"
     local status=0
-    "$BIN/relmt-train" "${common[@]}" "${overrides[@]}" train.num_threads="$threads" train.progress=false \
+    "$BIN/relmt-train" "${common[@]}" "${overrides[@]}" threads="$threads" train.progress=false \
         "${resume[@]}" "hydra.run.dir=$dir" >> "$dir.out" 2>&1 || status=$?
     if completed "$dir/metrics.json"; then
         mkdir -p "$keep/$name"
