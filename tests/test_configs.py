@@ -152,3 +152,12 @@ def test_a_config_saved_before_the_renames_reads_under_the_new_names(schedule, f
     cfg = from_dict(saved)
     assert getattr(cfg.train, field) == 0.123 and cfg.train.max_padded_tokens == 4096
     assert upgrade_config(to_dict(cfg)) == to_dict(cfg)  # a current config comes back as it was
+
+
+def test_a_config_saved_with_train_num_threads_reads_as_threads():
+    """Issue 74 §2: train.num_threads became the top-level threads, every command's name for it."""
+    saved = to_dict(compose([]))
+    del saved["threads"]
+    saved["train"]["num_threads"] = 3
+    cfg = from_dict(saved)
+    assert cfg.threads == 3 and not hasattr(cfg.train, "num_threads")

@@ -107,6 +107,8 @@ def test_cli_run_writes_the_run_directory_and_prints_bleu(tmp_path):
     ("model=tinny", "model=tinny: no such config (did you mean tiny?); the model configs (configs/model/) are base,"),
     ("train.lr=0.1", "train.lr was renamed: use train.noam_scale under lr_schedule=noam, train.peak_lr under"),
     ("train.max_tokens=512", "train.max_tokens was renamed: use train.max_padded_tokens"),
+    ("train.num_threads=1", "train.num_threads was renamed: use threads (one name for every command"),
+    ("threads=-1", "threads: must be >= 0"),
     # OmegaConf's own words, with exit 1, were "Value '6/8' of type 'str' could not be converted to Integer"
     ("train.update_freq=6/8", "train.update_freq=6/8: must be an integer"),
     ("decode.lenpen=high", "decode.lenpen=high: must be a number"),
