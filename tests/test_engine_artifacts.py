@@ -374,5 +374,6 @@ def test_aoti_compiles_for_the_cores_whatever_the_compiling_process_s_threads(tm
     cores = len(os.sched_getaffinity(0))
     assert aoti.compile_threads() == cores and len(seen) == 4
     assert all(c["cpp.threads"] == cores and c["cpp.min_chunk_size"] == aoti.MIN_CHUNK for c in seen)
-    assert json.loads((tmp_path / "aoti.json").read_text())["threads"] == cores
+    meta = json.loads((tmp_path / "aoti.json").read_text())
+    assert meta["threads"] == cores and meta["graphs"] == aoti.graphs.GRAPHS_VERSION  # which AotiModel checks
     assert engines.dependencies(Engine.aoti)["aoti threads"] == str(cores)

@@ -13,6 +13,10 @@ under 15 minutes on 2 cores, and the CLI's aoti case when the device lane did.""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +28,9 @@ from relmt.config import DecodeConfig, EosCandidates, Norm, PosKind
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode import continuous
 from relmt.decode.translator import Translator
+from relmt.errors import UserError
 from relmt.export.aoti import AotiModel, compile_threads, export_aoti
+from relmt.export.graphs import GRAPHS_VERSION
 from relmt.export.onnx import OnnxModel, export_onnx
 from tests.tiny_checkpoints import SENTENCES, TOY, model_config, random_model, toy_tokenizer, train_tiny
 
@@ -169,6 +175,83 @@ def test_aoti_packages_run_through_their_c_abi_without_the_gil_and_as_torchs_bin
         stop.set()
         thread.join()
     assert inside(), "no Python ran in another thread while the compiled model ran"
+
+
+# --- a compiled model called wrongly, or failing, says so; an export of other graphs is refused (issue 74 §3) ---
+
+ROOT = Path(__file__).resolve().parents[1]
+CALL_ENCODER = """
+import sys
+from pathlib import Path
+
+import torch
+
+from relmt.export.aoti import released_call
+
+encoder = released_call(Path(sys.argv[1]))
+src = torch.full((1, 3), 5, dtype=torch.long)
+try:
+    encoder(src, src) if sys.argv[2] == "count" else encoder(src.float())
+except RuntimeError as e:
+    print(e)
+"""
+
+
+def aoti_folder(trained: Path) -> Path:
+    """The trained model's engine=aoti artefact (made once per module: the tests above have made it)."""
+    Translator.from_checkpoint(trained, engine="aoti")
+    [folder] = (trained.parent / f"{trained.name}.engines").glob("aoti-*")
+    return folder
+
+
+def call_encoder(folder: Path, how: str) -> str:
+    """What the released call of the artefact's encoder.pt2 raises when given two inputs (how="count") or a float
+    source (how="dtype"), in a process of its own: a call that aborts the process (as another count did, in the
+    container's C++) must not take pytest with it. AOTI_RUNTIME_CHECK_INPUTS=1 has the compiled code check its
+    inputs' dtypes and sizes, so that a wrong dtype fails inside the compiled model."""
+    env = os.environ | {"AOTI_RUNTIME_CHECK_INPUTS": "1"}
+    proc = subprocess.run([sys.executable, "-c", CALL_ENCODER, str(folder / "encoder.pt2"), how], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit status {proc.returncode} (negative: killed by that signal): {proc.stderr}"
+    return proc.stdout.strip()
+
+
+def test_an_aoti_package_given_another_number_of_inputs_raises_instead_of_aborting(trained):
+    """The container checks the input count outside its own error handling: another count aborted the process
+    (SIGABRT, "expected inputs vector size to be 1, but got 2"). relmt's call checks it first and raises."""
+    message = call_encoder(aoti_folder(trained), "count")
+    assert "encoder.pt2: the compiled model takes 1 inputs, and was given 2" in message, message
+    assert "export it again" in message
+
+
+def test_a_failing_aoti_package_says_why(trained):
+    """The reason a compiled model failed, which AOTInductor keeps (AOTInductorGetLastError), is in the exception,
+    not only on stderr."""
+    message = call_encoder(aoti_folder(trained), "dtype")
+    assert "encoder.pt2: the compiled model failed" in message and "unmatched dtype" in message, message
+
+
+def test_an_aoti_export_of_other_graphs_is_refused_as_it_loads(trained, tmp_path):
+    """An export compiled from older graphs (before GRAPHS_VERSION 4 the search graph took 16 inputs, now 17) is
+    refused by AotiModel with what to do, not run until a call fails: by the graphs' version aoti.json records,
+    and, in an export made before aoti.json recorded it, by the inputs and outputs its packages take and give."""
+    folder, old = aoti_folder(trained), tmp_path / "old"
+    old.mkdir()
+    for name in ("encoder.pt2", "step.pt2", "search.pt2"):
+        shutil.copy(folder / name, old / name)
+    meta = json.loads((folder / "aoti.json").read_text())
+    (old / "aoti.json").write_text(json.dumps(meta | {"graphs": GRAPHS_VERSION - 1}))
+    with pytest.raises(UserError, match=f"compiled from version {GRAPHS_VERSION - 1} of relmt's graphs, and this "
+                                        f"relmt's are version {GRAPHS_VERSION} .*: export it again"):
+        AotiModel(old)
+    unrecorded = {k: v for k, v in meta.items() if k != "graphs"}  # made before aoti.json recorded the version
+    (old / "aoti.json").write_text(json.dumps(unrecorded))
+    assert AotiModel(old).run_search is not None  # this relmt's packages: they take and give what relmt's graphs do
+    shutil.copy(folder / "step.pt2", old / "search.pt2")  # a search graph that takes other inputs than relmt's
+    with pytest.raises(UserError, match=r"search.pt2: the compiled model takes 8 inputs and gives 3 outputs, and "
+                                        r"this relmt's search graph takes 17 and gives 8: .*export it again"):
+        AotiModel(old)
+    assert meta["graphs"] == GRAPHS_VERSION  # what an export records now
 
 
 @pytest.mark.slow

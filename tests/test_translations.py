@@ -149,6 +149,30 @@ def test_relmt_translate_reads_fairseqs_constraints_and_appends_columns(ckpt, tm
     assert f"{src}:1: an empty constraint" in capsys.readouterr().err
 
 
+def test_relmt_translate_names_the_input_line_of_a_refused_constraint_or_prefix(ckpt, tmp_path, capsys):  # noqa: F811
+    """Issue 74 §3: relmt-translate decodes its input in chunks of buffer_lines, and a refusal of one sentence's
+    constraints or prefix names its input line, not its place in the chunk ("sentence 1" for line 5)."""
+    src, prefix = tmp_path / "in.txt", tmp_path / "prefix.txt"
+    common = [f"checkpoint={ckpt}", f"input={src}", "buffer_lines=2", "beam=2", "max_len_b=4", "progress=false"]
+    bad = {"caf\u20ac": "constraint 'caf\u20ac' of {src} line 5: the model's vocabulary has no piece",
+           "\t".join(["the"] * 17): "constraints of {src} line 5: 17 phrases of "}
+    for phrases, message in bad.items():
+        src.write_text("".join(f"{s}\n" for s in SENTENCES[:4]) + f"{SENTENCES[4]}\t{phrases}\n")
+        assert guarded("relmt-translate", _translate, [*common, "constraints=unordered"]) == 2
+        err = capsys.readouterr().err
+        assert message.format(src=src) in err and "sentence 1" not in err, err
+    src.write_text("".join(f"{s}\n" for s in SENTENCES))
+    prefix.write_text("\n\n\ncaf\u20ac\n\n")
+    assert guarded("relmt-translate", _translate, [*common, f"prefix={prefix}"]) == 2
+    err = capsys.readouterr().err
+    assert f"prefix 'caf\u20ac' of {src} line 4: the model's vocabulary has no piece" in err and \
+        "sentence 2" not in err, err
+    # the API's sentences are no input lines: there sentence i + 1 of the call is named, as before
+    translator = Translator.from_checkpoint(ckpt)
+    with pytest.raises(UserError, match="constraint 'caf\u20ac' of sentence 2: "):
+        translator.translations(SENTENCES[:2], constraints=[[], ["caf\u20ac"]])
+
+
 def test_an_ensemble_annotates_with_its_mixed_distribution_and_averaged_attention(tmp_path):
     """Two models of different depths: token scores sum to the ensemble's score, alignments read each model's
     layer (from the top) averaged, and a prefix and constraints hold."""

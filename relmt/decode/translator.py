@@ -63,6 +63,14 @@ def tag_pieces(ids: Sequence[int], tag_ids: set[int]) -> int:
     return next((i + 1 for i, t in enumerate(ids[:2]) if t in tag_ids), 0)
 
 
+def sentence_name(i: int, name: str = "input", first_line: int = 1) -> str:
+    """How a refusal names sentence i of a call that reads the sentences as lines first_line... of `name`: as that
+    input line ("src.txt line 2003": relmt-translate decodes its input in chunks of buffer_lines, and the i of a
+    chunk is not the line's number); "sentence i + 1" where name and first_line are the defaults (the API's callers,
+    relmt-serve's requests), whose sentences are no lines of a file."""
+    return f"sentence {i + 1}" if (name, first_line) == ("input", 1) else f"{name} line {first_line + i}"
+
+
 def checkpoint_tokenizer(spm: dict) -> Tokenizer:
     """The sentencepiece model a checkpoint was trained with: its file if unchanged, else its bytes."""
     path = Path(spm["path"])
@@ -197,10 +205,12 @@ class Translator:
                        tgt_langs=langs)
         return cls(model, tokenizer, cfg.decode, dev, dtype, tgt_langs=langs)
 
-    def tagged(self, sentences: Sequence[str], tgt_lang: str | None) -> list[str]:
+    def tagged(self, sentences: Sequence[str], tgt_lang: str | None, name: str = "input",
+               first_line: int = 1) -> list[str]:
         """The sentences as the model reads them: a multilingual model's (data.lang_tags; Johnson et al. 2017) each
         begin with the tag of the target language `tgt_lang`, which it must be given unless every sentence begins
-        with a tag already ("<2fr> ..."); another model takes no tgt_lang."""
+        with a tag already ("<2fr> ..."); another model takes no tgt_lang. A refusal names sentence i as
+        `sentence_name` does."""
         if not self.tgt_langs:
             if tgt_lang is not None:
                 raise UserError(f"tgt_lang={tgt_lang}: this model translates into one language and takes no "
@@ -211,8 +221,9 @@ class Translator:
             return list(sentences)  # tagged by the caller, as the training data was
         if tgt_lang is not None and (i := next((i for i, s in enumerate(sentences) if s.startswith(tags)), None)) \
                 is not None:
-            raise UserError(f"sentence {i + 1} begins with a language tag already, and tgt_lang={tgt_lang} adds "
-                            "one: give tagged sentences without tgt_lang, or plain ones with it")
+            raise UserError(f"{sentence_name(i, name, first_line)} begins with a language tag already, and "
+                            f"tgt_lang={tgt_lang} adds one: give tagged sentences without tgt_lang, or plain ones "
+                            "with it")
         if tgt_lang not in self.tgt_langs:
             given = "no tgt_lang given" if tgt_lang is None else f"tgt_lang={tgt_lang}: not one of its languages"
             raise UserError(f"{given}: this multilingual model translates into {', '.join(self.tgt_langs)}; "
@@ -240,13 +251,15 @@ class Translator:
                    ordered: bool = False, tgt_lang: str | None = None, stop: Callable[[], bool] | None = None,
                    **decode: object) -> list[list[Hypothesis]]:
         """The `nbest` hypotheses (output ids and score) of each sentence; [] for an empty line.
-        Sentence i is line first_line + i of `name` in the warning about a truncated source.
+        Sentence i is line first_line + i of `name` in the warning about a truncated source, and in the refusal
+        of a prefix or of constraints (`sentence_name`: "sentence i + 1" where name and first_line are left as they
+        are, as the API's callers and relmt-serve leave them).
         prefixes[i]: target text sentence i's output begins with; constraints[i]: target words or phrases it
         must contain, in that order if `ordered` (relmt/decode/constraints.py); `tgt_lang`: the target language
         of a multilingual model (`tagged`); `stop()`, asked before each search step, ends the decoding when True
         (the sentences left get no hypotheses: relmt-serve stops a batch whose clients all left)."""
         cfg = replace(self.decode, **decode)
-        ids = self._encode(self.tagged(self._texts(sentences, "sentences"), tgt_lang), "sentences")
+        ids = self._encode(self.tagged(self._texts(sentences, "sentences"), tgt_lang, name, first_line), "sentences")
         prefix_ids = self._encode(prefixes, "prefixes", len(sentences)) if prefixes is not None else None
         constraint_ids = None
         if self.ct2 is not None and constraints is not None and any(len(c) for c in constraints):
@@ -256,19 +269,20 @@ class Translator:
             if len(constraints) != len(sentences) or any(isinstance(c, str) for c in constraints):
                 raise UserError(f"constraints: give one list of target phrases per sentence ({len(sentences)}), "
                                 "e.g. [[\"Katze\"], []]")
-            constraint_ids = [self._encode(list(c), f"constraint phrases of sentence {i + 1}") for i, c in
-                              enumerate(constraints)]
+            constraint_ids = [self._encode(list(c), f"constraint phrases of {sentence_name(i, name, first_line)}")
+                              for i, c in enumerate(constraints)]
             unk = self.tokenizer.sp.unk_id()
             for i, (phrases, ids_) in enumerate(zip(constraints, constraint_ids)):
                 for phrase, x in zip(phrases, ids_):
                     if unk in x:
-                        raise UserError(f"constraint {phrase!r} of sentence {i + 1}: the model's vocabulary has no "
-                                        "piece for part of it (sentencepiece gives <unk>), so no output can hold it")
+                        raise UserError(f"constraint {phrase!r} of {sentence_name(i, name, first_line)}: the model's "
+                                        "vocabulary has no piece for part of it (sentencepiece gives <unk>), so no "
+                                        "output can hold it")
                 count, pieces = sum(1 for x in ids_ if x), sum(map(len, ids_))
                 if count > MAX_PHRASES or pieces > MAX_PIECES:
-                    raise UserError(f"constraints of sentence {i + 1}: {count} phrases of {pieces} pieces, more than "
-                                    f"{MAX_PHRASES} phrases or {MAX_PIECES} pieces a sentence (each raises the "
-                                    "search's cost)")
+                    raise UserError(f"constraints of {sentence_name(i, name, first_line)}: {count} phrases of "
+                                    f"{pieces} pieces, more than {MAX_PHRASES} phrases or {MAX_PIECES} pieces a "
+                                    "sentence (each raises the search's cost)")
         if constraint_ids is not None and not cfg.sampling:
             most = max((sum(1 for x in ids_ if x) for ids_ in constraint_ids), default=0)
             if most and cfg.beam <= most:  # dynamic beam allocation shares the beam among the banks (Hu et al.)
@@ -279,9 +293,9 @@ class Translator:
             unk = self.tokenizer.sp.unk_id()
             for i, (prefix, x) in enumerate(zip(prefixes, prefix_ids)):
                 if unk in x:
-                    raise UserError(f"prefix {prefix!r} of sentence {i + 1}: the model's vocabulary has no piece "
-                                    "for part of it (sentencepiece gives <unk>), so the output would begin with "
-                                    "\u2047 instead")
+                    raise UserError(f"prefix {prefix!r} of {sentence_name(i, name, first_line)}: the model's "
+                                    "vocabulary has no piece for part of it (sentencepiece gives <unk>), so the "
+                                    "output would begin with \u2047 instead")
         if self.ct2 is not None:
             return self.ct2.hypotheses(ids, self.tokenizer, cfg, prefix_ids)
         return decode_sources(self.model, ids, cfg, self.device, self.autocast_dtype, name=name,
@@ -320,8 +334,8 @@ class Translator:
         multilingual model's target language (`tagged`)."""
         results = self.hypotheses(sentences, progress, name, first_line, prefixes, constraints, ordered, tgt_lang,
                                   **decode)
-        src_ids = (self._encode(self.tagged(sentences, tgt_lang), "sentences") if token_scores or alignments
-                   else [[] for _ in sentences])
+        src_ids = (self._encode(self.tagged(sentences, tgt_lang, name, first_line), "sentences")
+                   if token_scores or alignments else [[] for _ in sentences])
         flat = self.annotated([(src_ids[i], h) for i, hs in enumerate(results) for h in hs], token_scores,
                               alignments, replace(self.decode, **decode), name, first_line)
         done = iter(flat)
@@ -367,7 +381,7 @@ class Translator:
         `tagged`'s."""
         if len(sources) != len(references):
             raise UserError(f"{len(sources)} sources but {len(references)} references")
-        sources = self.tagged(sources, tgt_lang)
+        sources = self.tagged(sources, tgt_lang, name, first_line)
         src = [x if s.strip() else [] for s, x in zip(sources, self.tokenizer.encode(sources))]
         ref = [y if r.strip() else [] for r, y in zip(references, self.tokenizer.encode(references))]
         return score_references(self.scorer, src, ref, self.decode.max_source_len, self.decode.max_source_tokens,

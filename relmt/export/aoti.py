@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from relmt.errors import UserError
+from relmt.export import graphs
 from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph, examples, search_examples, shape_of
 from relmt.model.transformer import Transformer
 
@@ -96,13 +97,36 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
             torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs={
                 "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **configs})
             os.replace(tmp, directory / f"{name}.pt2")
-    meta = shape_of(model) | {"torch": torch.__version__, "quantization": quantization, "threads": compile_threads()}
+    meta = shape_of(model) | {"torch": torch.__version__, "graphs": graphs.GRAPHS_VERSION, "quantization": quantization,
+                              "threads": compile_threads()}
     (directory / "aoti.json").write_text(json.dumps(meta, indent=2) + "\n")
     return directory
 
 
+AGAIN = ("export it again with this relmt (relmt-export format=aoti; engine=aoti builds its own artefact anew once "
+         "the old folder is removed)")
+
+
+def graphs_version(directory: Path, meta: dict) -> int | None:
+    """The GRAPHS_VERSION of relmt's graphs an export was compiled from: aoti.json's "graphs" (exports since it was
+    recorded there), else the "relmt graphs" of an engine artefact's record (relmt/export/engines.py), else None."""
+    version = meta.get("graphs")
+    if version is None:
+        try:
+            version = json.loads((directory / "relmt_artefact.json").read_text()).get("relmt graphs")
+        except (OSError, ValueError, AttributeError):
+            return None
+    try:
+        return int(version)
+    except (TypeError, ValueError):
+        return None
+
+
 class AotiModel(GraphModel):
-    """Compiled packages loaded in this process, with the interface the searches use of a Transformer."""
+    """Compiled packages loaded in this process, with the interface the searches use of a Transformer. An export
+    of other graphs than this relmt's is refused as it loads (a compiled model given another number of inputs than
+    it takes would fail at the first step): by the graphs' version it records, and where it records none (exports
+    made before aoti.json held it) by the inputs and outputs its packages take and give."""
 
     def __init__(self, directory: str | Path) -> None:
         directory = Path(directory)
@@ -113,14 +137,31 @@ class AotiModel(GraphModel):
         if meta.get("torch") != torch.__version__:
             raise UserError(f"{directory}: compiled with torch {meta.get('torch')}, and this is torch "
                             f"{torch.__version__}: export it again (relmt-export format=aoti)")
+        version = graphs_version(directory, meta)
+        if version is not None and version != graphs.GRAPHS_VERSION:
+            raise UserError(f"{directory}: compiled from version {version} of relmt's graphs, and this relmt's are "
+                            f"version {graphs.GRAPHS_VERSION} (relmt/export/graphs.py: GRAPHS_VERSION): {AGAIN}")
         super().__init__(meta)
+        names = ["encoder", "step"] + (["search"] if (directory / "search.pt2").is_file() else [])
+        names += ["search_small"] if names[-1] == "search" and (directory / "search_small.pt2").is_file() else []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.encoder, self.step = (flat_call(directory / f"{name}.pt2") for name in ("encoder", "step"))
-            if (directory / "search.pt2").is_file():
-                self.run_search = flat_call(directory / "search.pt2")
-            if self.run_search is not None and (directory / "search_small.pt2").is_file():
-                self.run_search = by_rows(flat_call(directory / "search_small.pt2"), self.run_search)
+            calls = {name: flat_call(directory / f"{name}.pt2") for name in names}
+        # (inputs, outputs) of relmt's graphs; an export without starts (made before them): its step graph takes none
+        search = len(graphs.SEARCH_INPUTS), len(graphs.SEARCH_OUTPUTS)
+        counts = {"encoder": (1, 3), "step": (len(graphs.STEP_INPUTS) - (not self.starts), 3), "search": search,
+                  "search_small": search}
+        for name, call in calls.items():
+            given = getattr(call, "inputs", None), getattr(call, "outputs", None)  # None: torch's loader runs it
+            if None not in given and given != counts[name]:
+                raise UserError(f"{directory / name}.pt2: the compiled model takes {given[0]} inputs and gives "
+                                f"{given[1]} outputs, and this relmt's {name} graph takes {counts[name][0]} and gives "
+                                f"{counts[name][1]}: an export of other graphs than this relmt's (relmt/export/"
+                                f"graphs.py: GRAPHS_VERSION {graphs.GRAPHS_VERSION}); {AGAIN}")
+        self.encoder, self.step = calls["encoder"], calls["step"]
+        if "search" in calls:
+            self.run_search = calls["search"] if "search_small" not in calls else \
+                by_rows(calls["search_small"], calls["search"])
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.encoder(src)
@@ -186,15 +227,27 @@ def released_call(path: Path):
             return None
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the library stays loaded
-    handle, outputs = ctypes.c_void_p(), ctypes.c_size_t()
+    handle, inputs, outputs = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_size_t()
     if library.AOTInductorModelContainerCreateWithDevice(ctypes.byref(handle), ctypes.c_size_t(1), b"cpu", None) or \
+            library.AOTInductorModelContainerGetNumInputs(handle, ctypes.byref(inputs)) or \
             library.AOTInductorModelContainerGetNumOutputs(handle, ctypes.byref(outputs)):
         return None
     run = library.AOTInductorModelContainerRun
     run.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
                     ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p]
     run.restype = ctypes.c_int32
-    n_out = outputs.value
+    n_in, n_out = inputs.value, outputs.value
+    try:  # why a run failed, which the library keeps (for the thread that ran it) and writes to stderr
+        last_error = library.AOTInductorGetLastError
+        last_error.argtypes, last_error.restype = [ctypes.POINTER(ctypes.c_char_p)], ctypes.c_int32
+    except AttributeError:  # a library without it (another torch's)
+        last_error = None
+
+    def reason() -> str:
+        message = ctypes.c_char_p()
+        if last_error is None or last_error(ctypes.byref(message)) or not message.value:
+            return "the reason is on the process's standard error"
+        return message.value.decode(errors="replace").strip()
     # torch's helpers pass the handles as capsules of the pointers
     pointer = ctypes.pythonapi.PyCapsule_GetPointer
     pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
@@ -202,10 +255,15 @@ def released_call(path: Path):
     capsule.restype, capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
     def call(*inputs: Tensor) -> tuple[Tensor, ...]:
+        # the container checks the counts outside its own error handling: another count would abort the process
+        if len(inputs) != n_in:
+            raise RuntimeError(f"{path}: the compiled model takes {n_in} inputs, and was given {len(inputs)} (a "
+                               f"package of other graphs than this relmt's? {AGAIN})")
         handles = [pointer(h, None) for h in aoti.unsafe_alloc_void_ptrs_from_tensors([x.contiguous() for x in inputs])]
         out = (ctypes.c_void_p * n_out)()
         if run(handle, (ctypes.c_void_p * len(handles))(*handles), len(handles), out, n_out, None, None):
-            raise RuntimeError(f"{path}: the compiled model failed (AOTInductorModelContainerRun)")
+            raise RuntimeError(f"{path}: the compiled model failed (AOTInductorModelContainerRun): {reason()}")
         return tuple(aoti.alloc_tensors_by_stealing_from_void_ptrs([capsule(p, None, None) for p in out]))
 
+    call.inputs, call.outputs = n_in, n_out  # what AotiModel checks an export's packages by
     return call  # the container and its library stay for the process's life

@@ -38,6 +38,7 @@ STEP_INPUTS = ("tokens", "keep", "cross_k", "cross_v", "self_k", "self_v", "orde
 SEARCH_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "order", "starts", "alive",
                  "pool_scores", "pool_tokens", "limit", "min_len", "lenpen", "power", "t2t", "early_stop")
 SETTINGS = SEARCH_INPUTS.index("min_len")  # the settings (0-d tensors) follow the state
+SEARCH_OUTPUTS = ("history", "alive", "pool_scores", "pool_tokens", "order", "self_k", "self_v", "done")
 
 # Part of the key of every onnx and aoti artefact (relmt/export/engines.py: `dependencies`). Bump it whenever a
 # change to this file (or to the model code the graphs trace) changes what is exported: the graphs' inputs,
