@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: train test test-fast test-exhaustive test-gpu test-all rehearse-gpu lint docs docs-serve
+.PHONY: train toy-text test test-fast test-exhaustive test-gpu test-all rehearse-gpu lint docs docs-serve
 
 # torch is pinned and installed first: a CPU wheel of 2.13.0 lies on these machines, while a bare
 # `torch` requirement would pull a multi-GB CUDA build. pyproject.toml asks for torch>=2.11 (the oldest tested: the GPU machine's). Elsewhere,
@@ -24,6 +24,12 @@ $(STAMP): pyproject.toml
 THREADS ?=
 train: $(STAMP)
 	$(VENV)/bin/relmt-train $(if $(THREADS),threads=$(THREADS))
+
+# The toy corpus that make train generates (and never stores) as text files, for relmt-translate input=, relmt-score
+# ref= and relmt-report refs=: data/toy_text/{train,valid,test,test_long}.{src,tgt}, with gold word alignments
+# ({split}.align, .align_possible). Seconds; configs/data/toy.yaml's sizes (scripts/reproduce/toy_corpus.py).
+toy-text: $(STAMP)
+	$(PY) scripts/reproduce/toy_corpus.py data/toy_text
 
 # make test: every test but the exhaustive ones (sweeps, and the two longest benchmark-script runs) and the CUDA
 # ones (under 15 minutes on 2 cores: docs/results/performance/make_test/timing.json); test-fast

@@ -184,6 +184,24 @@ def test_moses_language_from_suffix_or_english(tmp_path, capsys):
     assert "lang=xx: Moses has no tokenization rules for it" in capsys.readouterr().err
 
 
+def test_the_tokenized_label_never_calls_a_target_moses_does_not_know_english(tmp_path, capsys):
+    """Issue 74 §4.10: the toy's target ("tgt") tokenizes by Moses' English rules, as tokenizer.perl falls back
+    to them, and the label said `Moses (en)`, as if the target were English. It names the target and the rules."""
+    hyp, ref = ["a b-c d ."], ["a b-c d ."]
+    assert tokenized_bleu(hyp, ref, "de")["label"].startswith("tokenized BLEU: Moses (de) + compound splitting")
+    for lang in ("tgt", "txt", ""):
+        label = tokenized_bleu(hyp, ref, lang)["label"]
+        assert "Moses (en)" not in label and "English rules" in label and (lang in label), (lang, label)
+        assert "Moses (en)" not in lowercased_bleu(hyp, ref, lang)["label"]
+    assert "Moses (tgt, English rules)" in tokenized_bleu(hyp, ref, "tgt")["label"]
+    # relmt-score on the toy's text files (scripts/reproduce/toy_corpus.py: test.src, test.tgt)
+    (tmp_path / "hyp.tgt").write_text("a b-c d .\n")
+    (tmp_path / "test.tgt").write_text("a b-c d .\n")
+    assert guarded("relmt-score", _score, [f"hyp={tmp_path}/hyp.tgt", f"ref={tmp_path}/test.tgt"]) == 0
+    printed = capsys.readouterr().out
+    assert "Moses (en)" not in printed and "Moses (tgt, English rules)" in printed, printed
+
+
 # --- paired bootstrap (sacreBLEU's implementation, as `sacrebleu --paired-bs`) --------------------
 
 def fabricated_systems(n: int = 60) -> tuple[list[str], list[str], list[str]]:

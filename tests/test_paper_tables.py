@@ -103,8 +103,8 @@ def report(tmp_path_factory):
     out = root / "report"
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main([str(root / "multirun"), "--out", str(out), "--name", "toy", "--title", "Toy check",
-                      "--command", "scripts/reproduce/reproduce_toy.sh", "--kind", "tables"])
+        rc = main([str(root / "multirun"), f"out={out}", "name=toy", "title=Toy check",
+                      "command=scripts/reproduce/reproduce_toy.sh", "kind=tables"])
     assert rc == 0
     return (out / "toy.md").read_text(), buf.getvalue(), out, sweep
 
@@ -279,7 +279,7 @@ def test_groups_by_data_and_model_with_their_paper_cells(tmp_path, capsys):
     make_run(tmp_path, "enfr_big_rel", positions="rel", k=8, data="wmt14_en_fr", d_model=1024, test=40.0,
              checkpoint="averaged")
     make_run(tmp_path, "ende_small_rel", positions="rel", data="wmt_t2t_en_de", d_model=256, test=20.0)
-    assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "wmt"]) == 0
+    assert main([str(tmp_path), f"out={tmp_path / 'out'}", "name=wmt"]) == 0
     md = capsys.readouterr().out
     assert md.startswith("# Results\n")
     ende = section(md, "## wmt14_en_de (EN-DE), base model (d_model 512)")
@@ -302,14 +302,14 @@ def test_groups_by_data_and_model_with_their_paper_cells(tmp_path, capsys):
 
 def test_empty_directory_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "out"), "--name", "x"]) == 2
+    assert main([str(tmp_path / "empty"), f"out={tmp_path / 'out'}", "name=x"]) == 2
     err = capsys.readouterr().err
     assert "no run directories" in err and "metrics.json and config.yaml" in err
     assert not (tmp_path / "out").exists()
 
 
 def test_cli_exit_code_2_without_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--out", str(tmp_path / "o"), "--name", "x"],
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), f"out={tmp_path / 'o'}", "name=x"],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "error: no run directories" in proc.stderr and "Traceback" not in proc.stderr
@@ -319,7 +319,7 @@ def test_runs_without_tokenized_bleu_show_a_dash_and_say_so(tmp_path, capsys):
     """An older metrics.json has sacreBLEU only: no crash, "–" beside the paper, and a sentence saying why."""
     make_run(tmp_path / "old", "abs", positions="abs", data="wmt14_en_de", d_model=512, test=26.0, tok=None)
     make_run(tmp_path / "old", "rel", positions="rel", data="wmt14_en_de", d_model=512, test=26.2, tok=None)
-    assert main([str(tmp_path / "old"), "--out", str(tmp_path / "out"), "--name", "old"]) == 0
+    assert main([str(tmp_path / "old"), f"out={tmp_path / 'out'}", "name=old"]) == 0
     md = capsys.readouterr().out
     assert table_row(md, "abs") == "| abs | – | 26.00 ± 0.00 (1) | – | 26.5 |"
     assert "No run here has tokenized BLEU (a metrics.json from before relmt stored it)" in md
@@ -328,7 +328,7 @@ def test_runs_without_tokenized_bleu_show_a_dash_and_say_so(tmp_path, capsys):
              tok=None)
     make_run(tmp_path / "mixed", "abs_new", positions="abs", data="wmt14_en_de", d_model=512, seed=2, test=25.0,
              tok=1.0)
-    assert main([str(tmp_path / "mixed"), "--out", str(tmp_path / "out"), "--name", "mixed"]) == 0
+    assert main([str(tmp_path / "mixed"), f"out={tmp_path / 'out'}", "name=mixed"]) == 0
     md = capsys.readouterr().out
     assert table_row(md, "abs") == "| abs | – | 25.50 ± 0.71 (2) | 26.00 ± 0.00 (1) | 26.5 |"
     assert "1 of the 2 runs scored on test have no tokenized BLEU (an older metrics.json)" in md
@@ -344,7 +344,7 @@ def test_checkpoint_rule_is_read_per_run_and_mixed_rules_are_flagged(tmp_path, c
     make_run(tmp_path, "both", positions="both", data="wmt14_en_de", d_model=512, test=26.4, checkpoint=None,
              cfg_rule="averaged")
     make_run(tmp_path, "none", positions="none", data="wmt14_en_de", d_model=512, test=10.0, checkpoint=None)
-    assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "rules"]) == 0
+    assert main([str(tmp_path), f"out={tmp_path / 'out'}", "name=rules"]) == 0
     md = capsys.readouterr().out
     doc = json.loads((tmp_path / "out" / "rules.json").read_text())
     assert {Path(r["path"]).name: r["test_rule"] for r in doc["runs"]} == {
@@ -367,7 +367,7 @@ def test_ablation_tables_use_the_papers_rule_and_say_so(tmp_path, capsys):
                  checkpoint="best")
     make_run(tmp_path, "keys_only", values=False, data="wmt14_en_de", d_model=512, valid=25.1, test=26.1,
              checkpoint="best")
-    assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "abl"]) == 0
+    assert main([str(tmp_path), f"out={tmp_path / 'out'}", "name=abl"]) == 0
     md = capsys.readouterr().out
     for heading in ("### Table 2 analogue", "### Table 3 analogue"):
         table = section(md, heading)

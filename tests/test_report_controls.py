@@ -61,8 +61,8 @@ def test_settings_name_what_differs_and_split_the_variants_out(toy_like):
 
 def test_the_report_sets_each_variant_beside_its_controls(toy_like):
     out = toy_like / "out"
-    assert main([str(toy_like / "runs"), "--out", str(out), "--name", "toy", "--refs", str(toy_like / "refs"),
-                 "--bootstrap-samples", "200"]) == 0
+    assert main([str(toy_like / "runs"), f"out={out}", "name=toy", f"refs={toy_like / 'refs'}",
+                 "bootstrap_samples=200"]) == 0
     doc = json.loads((out / "toy.json").read_text())
     group = doc["groups"][0]
     assert len(group["runs"]) == 10 and len(group["variants"]) == 6

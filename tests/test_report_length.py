@@ -45,7 +45,7 @@ def test_seen_in_training(label, max_words, seen):
 def test_cutoff_arguments():
     assert parse_cutoffs(["15", "europarl=80"]) == {None: 15, "europarl": 80}
     for bad in ("0", "x", "europarl=", "a=-3"):
-        with pytest.raises(ReportError, match="--train-max-words"):
+        with pytest.raises(ReportError, match="train_max_words="):
             parse_cutoffs([bad])
 
 
@@ -53,11 +53,11 @@ def test_length_report_marks_unseen_buckets_tests_them_and_plots(tmp_path, refs)
     folder, texts = refs
     fabricate_length(tmp_path / "runs", texts)
     out = tmp_path / "out"
-    md = run_report([str(tmp_path / "runs"), "--out", str(out), "--name", "length", "--refs", str(folder),
-                     "--train-max-words", "multi30k_len15=15", "--train-max-words", "europarl=80"])
+    md = run_report([str(tmp_path / "runs"), f"out={out}", "name=length", f"refs={folder}",
+                     "train_max_words=multi30k_len15=15", "train_max_words=europarl=80"])
     assert md.startswith("# Length generalisation\n") and md == (out / "length.md").read_text()
     assert ("## multi30k_len15, mmt_tiny model (trained on sources of at most 15 words: "
-            "--train-max-words multi30k_len15=15)") in md
+            "train_max_words=multi30k_len15=15)") in md
     assert row(md, "source words") == "| source words | sentences | seen in training | abs | rel | both | rel − abs |"
     # bucket BLEU = design + seed over seeds 1 and 2
     assert row(md, "1-10") == "| 1-10 | 10 | yes | 61.50 ± 0.71 (2) | 62.50 ± 0.71 (2) | 62.50 ± 0.71 (2) | +1.00 |"
@@ -87,11 +87,11 @@ def test_length_report_marks_unseen_buckets_tests_them_and_plots(tmp_path, refs)
 def test_cutoff_from_the_config_wins_and_without_refs_nothing_is_tested(tmp_path, refs):
     folder, texts = refs
     fabricate_length(tmp_path / "runs", texts, data="toy", source="toy", toy={"max_words": 20})
-    md = run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "length",
-                     "--train-max-words", "15"])
+    md = run_report([str(tmp_path / "runs"), f"out={tmp_path / 'out'}", "name=length",
+                     "train_max_words=15"])
     assert "(trained on sources of at most 20 words: the runs' config)" in md
     assert row(md, "11-20").startswith("| 11-20 | 10 | yes |")
-    assert "No paired test: the report was built without `--refs DIR`, the folder of the reference files" in md
+    assert "No paired test: the report was built without `refs=DIR`, the folder of the reference files" in md
     assert "): not tested. Criterion: rel − abs above 0 on the sentences longer than training (> 20 words) pooled; " \
            "the means are over the 1 bucket there, weighted by their sentences. Measured: mean rel − abs 10.00, mean " \
            "rel − abs in % of abs 46.51, rel − abs on lengths seen in training 1.50." in md
@@ -106,8 +106,8 @@ def test_not_significant_when_rel_leads_by_one_sentence(tmp_path, refs):
         run = tmp_path / "runs" / f"abs_s{seed}"
         both = (tmp_path / "runs" / f"both_s{seed}" / "translations" / "test.de").read_text()
         (run / "translations" / "test.de").write_text(both)
-    md = run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "length",
-                     "--refs", str(folder), "--bootstrap-samples", "300"])
+    md = run_report([str(tmp_path / "runs"), f"out={tmp_path / 'out'}", "name=length",
+                     f"refs={folder}", "bootstrap_samples=300"])
     assert "(trained on sources of at most 15 words: the runs' config)" in md
     doc = json.loads((tmp_path / "out" / "length.json").read_text())
     assert doc["length"][0]["claims"][0]["verdict"] == "not significant"
@@ -115,26 +115,26 @@ def test_not_significant_when_rel_leads_by_one_sentence(tmp_path, refs):
 
 def test_unknown_cutoff_marks_nothing_and_checks_no_claim(tmp_path, refs):
     fabricate_length(tmp_path / "runs", refs[1], data="europarl")
-    md = run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "length",
-                     "--train-max-words", "multi30k_len15=15"])
-    assert "unknown: the config does not record it and no --train-max-words was given" in md
+    md = run_report([str(tmp_path / "runs"), f"out={tmp_path / 'out'}", "name=length",
+                     "train_max_words=multi30k_len15=15"])
+    assert "unknown: the config does not record it and no train_max_words= was given" in md
     assert "seen in training |" not in md and "- No claim could be checked" in md
 
 
 def test_kind_follows_the_name_unless_given(tmp_path, refs):
     fabricate_length(tmp_path / "runs", refs[1])
-    run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "a"), "--name", "length", "--kind", "tables"])
+    run_report([str(tmp_path / "runs"), f"out={tmp_path / 'a'}", "name=length", "kind=tables"])
     assert (tmp_path / "a" / "length_length.png").is_file() and not (tmp_path / "a" / "length_buckets.png").exists()
-    run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "b"), "--name", "long", "--kind", "length",
-                "--train-max-words", "15"])
+    run_report([str(tmp_path / "runs"), f"out={tmp_path / 'b'}", "name=long", "kind=length",
+                "train_max_words=15"])
     assert (tmp_path / "b" / "long_buckets.png").is_file()
 
 
 def test_bad_cutoff_is_exit_2(tmp_path, refs, capsys):
     fabricate_length(tmp_path / "runs", refs[1])
-    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--name", "length",
-                 "--train-max-words", "many"]) == 2
-    assert "relmt-report: error: --train-max-words many" in capsys.readouterr().err
+    assert main([str(tmp_path / "runs"), f"out={tmp_path / 'o'}", "name=length",
+                 "train_max_words=many"]) == 2
+    assert "relmt-report: error: train_max_words=many" in capsys.readouterr().err
 
 
 def test_refs_per_data_set(tmp_path, refs):
@@ -142,15 +142,15 @@ def test_refs_per_data_set(tmp_path, refs):
     folder, texts = refs
     fabricate_length(tmp_path / "runs" / "m30k", texts, data="multi30k_text", train_max_src_words=14)
     fabricate_length(tmp_path / "runs" / "ep", texts, data="europarl20k_split", train_max_src_words=30)
-    md = run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "length",
-                     "--refs", f"multi30k_text={folder}", "--bootstrap-samples", "100"])
+    md = run_report([str(tmp_path / "runs"), f"out={tmp_path / 'out'}", "name=length",
+                     f"refs=multi30k_text={folder}", "bootstrap_samples=100"])
     m30k = md[md.index("## multi30k_text"):md.index("## Claim")]
     europarl = md[md.index("## europarl20k_split"):md.index("## multi30k_text")]
     assert "(trained on sources of at most 14 words: the runs' config)" in m30k and "Paired tests on the" in m30k
-    assert ("No paired test: no `--refs` folder for data set europarl20k_split (give `--refs "
-            "europarl20k_split=DIR` or a plain `--refs DIR`).") in europarl
-    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--name", "length",
-                 "--refs", f"multi30k_text={tmp_path / 'nowhere'}"]) == 2
+    assert ("No paired test: no `refs=` folder for data set europarl20k_split (give `refs="
+            "europarl20k_split=DIR` or a plain `refs=DIR`).") in europarl
+    assert main([str(tmp_path / "runs"), f"out={tmp_path / 'o'}", "name=length",
+                 f"refs=multi30k_text={tmp_path / 'nowhere'}"]) == 2
 
 
 def test_the_unseen_buckets_count_by_their_sentences():
@@ -179,7 +179,7 @@ def test_single_k_gets_no_k_plot_and_a_stale_one_is_removed(tmp_path, refs):
     out = tmp_path / "out"
     out.mkdir()
     (out / "single_k.png").write_bytes(b"\x89PNG left from an earlier report")
-    md = run_report([str(tmp_path / "runs"), "--out", str(out), "--name", "single", "--kind", "tables"])
+    md = run_report([str(tmp_path / "runs"), f"out={out}", "name=single", "kind=tables"])
     assert not (out / "single_k.png").exists() and (out / "single_length.png").is_file()
     assert "No plot of BLEU against k: these runs hold a single k." in md and "](single_k.png)" not in md
 
@@ -199,8 +199,8 @@ def test_each_later_method_is_judged_against_abs_and_rel_on_the_unseen_lengths(t
         cfg = yaml.safe_load((rope / "config.yaml").read_text())
         cfg["model"]["positions"] = "rope"
         (rope / "config.yaml").write_text(yaml.safe_dump(cfg))
-    md = run_report([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "length",
-                     "--refs", str(folder), "--bootstrap-samples", "300"])
+    md = run_report([str(tmp_path / "runs"), f"out={tmp_path / 'out'}", "name=length",
+                     f"refs={folder}", "bootstrap_samples=300"])
     header = "| source words | sentences | seen in training | abs | rel | both | rope |"
     assert row(md, "source words").startswith(header)
     doc = json.loads((tmp_path / "out" / "length.json").read_text())

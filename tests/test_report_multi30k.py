@@ -25,13 +25,13 @@ def run_report(args: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def multi30k(tmp_path_factory):
-    """The report with --refs; returns (markdown, JSON, out dir, runs dir, refs by split)."""
+    """The report with refs=; returns (markdown, JSON, out dir, runs dir, refs by split)."""
     root = tmp_path_factory.mktemp("m30k")
     refs = write_refs(root / "refs")
     fabricate_multi30k(root / "runs", refs)
     out = root / "out"
-    md = run_report([str(root / "runs"), "--out", str(out), "--name", "multi30k", "--refs", str(root / "refs"),
-                     "--title", "Multi30k EN-DE (CPU)", "--command", "scripts/multi30k.sh"])
+    md = run_report([str(root / "runs"), f"out={out}", "name=multi30k", f"refs={root / 'refs'}",
+                     "title=Multi30k EN-DE (CPU)", "command=scripts/multi30k.sh"])
     assert md == (out / "multi30k.md").read_text()
     return md, json.loads((out / "multi30k.json").read_text()), out, root / "runs", refs
 
@@ -180,7 +180,7 @@ def test_swapping_the_systems_turns_held_into_did_not_hold(multi30k, tmp_path):
                      ("positions: XX", "positions: rel")):
             text = text.replace(a, b)
         (run / "config.yaml").write_text(text)
-    run_report([str(swapped), "--out", str(tmp_path / "out"), "--name", "m", "--refs", str(runs.parent / "refs")])
+    run_report([str(swapped), f"out={tmp_path / 'out'}", "name=m", f"refs={runs.parent / 'refs'}"])
     doc = json.loads((tmp_path / "out" / "m.json").read_text())
     claims = {c["split"]: c for c in doc["groups"][0]["claims"] if c["name"] == "rel ≥ abs"}
     assert {s: c["verdict"] for s, c in claims.items()} == {
@@ -210,8 +210,8 @@ def test_pngs_written_and_linked(multi30k):
 
 def test_without_refs_every_claim_is_not_tested(multi30k, tmp_path):
     runs = multi30k[3]
-    md = run_report([str(runs), "--out", str(tmp_path), "--name", "m", "--kind", "tables"])
-    assert "Not tested: the report was built without `--refs DIR`" in md
+    md = run_report([str(runs), f"out={tmp_path}", "name=m", "kind=tables"])
+    assert "Not tested: the report was built without `refs=DIR`" in md
     doc = json.loads((tmp_path / "m.json").read_text())
     verdicts = {(c["name"], c["split"]): c["verdict"] for c in doc["groups"][0]["claims"]}
     assert set(verdicts.values()) == {"not tested"}  # the means alone decide nothing
@@ -223,8 +223,8 @@ def test_missing_translations_and_unpaired_seeds_are_listed(multi30k, tmp_path):
     shutil.copytree(runs / "positions", copy)
     (copy / "abs_s2" / "translations" / "test.de").unlink()
     shutil.rmtree(copy / "rel_s3")
-    md = run_report([str(copy), "--out", str(tmp_path / "out"), "--name", "m", "--refs", str(runs.parent / "refs"),
-                     "--bootstrap-samples", "200"])
+    md = run_report([str(copy), f"out={tmp_path / 'out'}", "name=m", f"refs={runs.parent / 'refs'}",
+                     "bootstrap_samples=200"])
     sig = section(md, "### Significance")
     assert f"rel vs abs on test: seed 2: no translations {copy / 'abs_s2' / 'translations' / 'test.de'}" in sig
     assert "rel vs abs on test: seed 3: abs only" in sig and "both vs rel on test: seed 3: both only" in sig

@@ -37,7 +37,7 @@ def test_runs_group_by_the_recorded_preset_and_old_runs_say_their_size_is_guesse
     assert (load_run(tmp_path / "old_rel").model, load_run(tmp_path / "old_rel").model_guessed) == ("toy", True)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x", "--kind", "tables"]) == 0
+        assert main([str(tmp_path), f"out={tmp_path / 'out'}", "name=x", "kind=tables"]) == 0
     md = buf.getvalue()
     new = md[md.index("## multi30k_text, mmt_tiny model (d_model 128)"):md.index("## multi30k_text, toy model")]
     old = md[md.index("## multi30k_text, toy model (d_model 128)"):md.index("## Claims")]
@@ -46,7 +46,7 @@ def test_runs_group_by_the_recorded_preset_and_old_runs_say_their_size_is_guesse
     # a toy run that records its preset joins the guessed one, and the note counts the guessed runs
     write_run(tmp_path / "named_toy", config(2, "rel", model="toy"), test)
     with contextlib.redirect_stdout(io.StringIO()) as buf:
-        assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x", "--kind", "tables"]) == 0
+        assert main([str(tmp_path), f"out={tmp_path / 'out'}", "name=x", "kind=tables", "overwrite=true"]) == 0
     assert ('For 1 of the 2 runs the model preset "toy" is guessed from d_model (their config.yaml predates '
             'model.name).') in buf.getvalue()
 
@@ -89,7 +89,8 @@ def test_console_script_points_at_main():
     scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
     assert 'relmt-report = "relmt.cli.report:main"' in scripts.splitlines()
     proc = subprocess.run([sys.executable, "-m", "relmt.cli.report", "--help"], capture_output=True, text=True)
-    assert proc.returncode == 0 and "usage: relmt-report" in proc.stdout and "--refs" in proc.stdout
+    assert proc.returncode == 0 and proc.stdout.startswith("relmt-report RUN_DIR... out=DIR name=NAME ")
+    assert "refs=DIR" in proc.stdout and "overwrite=true" in proc.stdout
 
 
 def test_report_layer_imports_no_trainer_cli_or_bench():
@@ -107,7 +108,7 @@ def test_length_filtered_runs_form_a_group_of_their_own(tmp_path):
                               ("off", 2, {"train_max_src_words": 0})):
         write_run(tmp_path / name, config(seed, "rel", **extra), {"test": {"bleu": 30.0}})
     with contextlib.redirect_stdout(io.StringIO()) as buf:
-        assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x", "--kind", "tables"]) == 0
+        assert main([str(tmp_path), f"out={tmp_path / 'out'}", "name=x", "kind=tables"]) == 0
     md = buf.getvalue()
     assert "## multi30k_text, mmt_tiny model (d_model 128)\n\n2 runs;" in md  # 0 = no filter
     assert "## multi30k_text, mmt_tiny model (d_model 128; training sources ≤ 14 words)\n\n1 run;" in md
@@ -138,7 +139,7 @@ def test_the_report_names_the_sacrebleu_signatures_and_says_when_runs_differ(tmp
                   valid={"bleu": 29.0, "signature": sig})
     assert load_run(tmp_path / "rel_s1").signatures == {"bleu": (old,), "chrf": (chrf,), "tokenized_bleu": ()}
     with contextlib.redirect_stdout(io.StringIO()) as buf:
-        assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x", "--kind", "tables"]) == 0
+        assert main([str(tmp_path), f"out={tmp_path / 'out'}", "name=x", "kind=tables"]) == 0
     line = next(x for x in buf.getvalue().splitlines() if x.startswith("Signatures: "))
     assert line == (f"Signatures: sacreBLEU `{new}` (2 runs), `{old}` (1 run); chrF `{chrf}`.")
 
@@ -175,8 +176,8 @@ def test_translations_and_references_split_on_newlines_only(tmp_path):
         write_run(tmp_path / "runs" / f"{positions}{seed}", config(seed, positions), {"test": {"bleu": 50.0}},
                   translations={"test": hyps})
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "x", "--refs",
-                     str(refs_dir), "--bootstrap-samples", "100"]) == 0
+        assert main([str(tmp_path / "runs"), f"out={tmp_path / 'out'}", "name=x", f"refs={refs_dir}",
+                     "bootstrap_samples=100"]) == 0
     doc = json.loads((tmp_path / "out" / "x.json").read_text())
     (test,) = [c for c in doc["groups"][0]["significance"] if (c["baseline"], c["system"]) == ("abs", "rel")]
     assert test["missing"] == [] and len(test["tests"]) == 1 and test["sentences"] == 30
@@ -197,7 +198,7 @@ def test_runs_average_as_seeds_only_when_every_other_setting_agrees(tmp_path):
     write_run(tmp_path / "runs" / "c", copy, test)
     out = tmp_path / "out"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main([str(tmp_path / "runs"), "--out", str(out), "--name", "r", "--kind", "tables"]) == 0
+        assert main([str(tmp_path / "runs"), f"out={out}", "name=r", "kind=tables"]) == 0
     page = (out / "r.md").read_text()
     assert f"**Warning:** `{tmp_path / 'runs' / 'a'}`, `{tmp_path / 'runs' / 'b'}` are averaged as seeds of one " \
            "configuration but differ in model.relative_share_heads: false, true." in page
@@ -221,8 +222,8 @@ def test_rope_alibi_and_t5_are_tested_against_abs_and_rel(tmp_path):
                       {s: scores(hyps[s], refs[s]) for s in SPLITS}, {"bleu": 30.0}, translations=hyps)
     out = tmp_path / "out"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main([str(tmp_path / "runs"), "--out", str(out), "--name", "p", "--refs", str(tmp_path / "refs"),
-                     "--bootstrap-samples", "200"]) == 0
+        assert main([str(tmp_path / "runs"), f"out={out}", "name=p", f"refs={tmp_path / 'refs'}",
+                     "bootstrap_samples=200"]) == 0
     doc = json.loads((out / "p.json").read_text())
     group = doc["groups"][0]
     assert [r["positions"] for r in group["tables"]["positions"]["rows"]] == ["abs", "rel", "rope"]
@@ -249,7 +250,7 @@ def test_each_position_kind_gets_its_training_speed_and_the_cpu_it_ran_on(tmp_pa
     write_run(tmp_path / "runs" / "rel_s1", config(1, "rel"), {"test": {"bleu": 30.0}})  # no speed: no row
     out = tmp_path / "out"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main([str(tmp_path / "runs"), "--out", str(out), "--name", "p", "--kind", "tables"]) == 0
+        assert main([str(tmp_path / "runs"), f"out={out}", "name=p", "kind=tables"]) == 0
     md = (out / "p.md").read_text()
     section = md[md.index("### Training speed"):]
     assert "| abs | 2 | 3,500 ± 707 | 1 | CPU A (1); CPU B (1) |" in section

@@ -1,4 +1,4 @@
-"""relmt-report --kind tuning: runs compared on the validation split, by the settings they differ in."""
+"""relmt-report kind=tuning: runs compared on the validation split, by the settings they differ in."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_tuning_table_shows_the_differing_settings_and_the_valid_curves(tmp_path
     fake_run(tmp_path / "runs", "r1_drop0.3", 0.3, [(500, 14.4), (1000, 30.2)], 35.0)
     fake_run(tmp_path / "runs", "r1_drop0.1", 0.1, [(500, 20.2), (1000, 32.5)], 36.5)
     (tmp_path / "runs" / "r1_drop0.1" / "averaged_valid.json").write_text(json.dumps({"sacrebleu": {"score": 37.25}}))
-    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--name", "tune", "--kind", "tuning"]) == 0
+    assert main([str(tmp_path / "runs"), f"out={tmp_path / 'out'}", "name=tune", "kind=tuning"]) == 0
     text = (tmp_path / "out" / "tune.md").read_text()
     assert "| run | model.dropout | valid BLEU @500 | valid BLEU @1000 |" in text
     assert "| r1_drop0.1 | 0.1 | 20.20 | 32.50 | 36.50 | 60.00 | 39.50 | 37.25 | 30 |" in text
@@ -40,5 +40,5 @@ def test_tuning_table_shows_the_differing_settings_and_the_valid_curves(tmp_path
 
 def test_tuning_without_runs_is_an_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert main([str(tmp_path / "empty"), "--out", str(tmp_path), "--name", "t", "--kind", "tuning"]) == 2
+    assert main([str(tmp_path / "empty"), f"out={tmp_path}", "name=t", "kind=tuning"]) == 2
     assert "no completed runs" in capsys.readouterr().err

@@ -224,6 +224,62 @@ def test_sweep_overrides_are_checked_value_by_value():
         "small, tiny, toy"]
 
 
+# --- issue 74 §4.5: sweep directories and the report's run cells named after the swept keys only ------------
+
+def test_a_sweep_job_directory_is_named_after_the_swept_overrides_only():
+    """Hydra's override_dirname names a job after every override (170 characters for a sweep of two
+    values); the job's point on the swept keys (a,b / range / choice / glob / interval) is what tells
+    the jobs apart. Excluded keys stay out; a sweep of nothing keeps Hydra's name."""
+    from relmt.report.runs import sweep_dirname, swept_keys
+
+    given = ["model=tiny", "train=debug", "data.cache_dir=/tmp/c", "data.toy.n_train=400", "train.max_steps=1",
+             "model.positions=abs,rel", "seed=range(1,3)", "decode.lenpen=choice(0.6,1.0)", "data.dir='a,b'",
+             "train.freeze=[x,y]", "+model.extra=glob(*)", "train.peak_lr=interval(0.001,0.01)",
+             "train.resume=true,false"]
+    assert swept_keys(given) == {"model.positions", "seed", "decode.lenpen", "model.extra", "train.peak_lr",
+                                 "train.resume"}
+    job = ["model=tiny", "train=debug", "data.cache_dir=/tmp/c", "data.toy.n_train=400", "train.max_steps=1",
+           "model.positions=rel", "seed=2", "decode.lenpen=0.6", "data.dir='a,b'", "train.freeze=[x,y]",
+           "+model.extra=a", "train.peak_lr=0.005", "train.resume=true"]
+    exclude = ["train.resume", "train.overwrite", "train.progress", "data.cache_dir", "data.num_proc"]
+    assert sweep_dirname(job, given, exclude) == ("+model.extra=a,decode.lenpen=0.6,model.positions=rel,seed=2,"
+                                                  "train.peak_lr=0.005")
+    assert sweep_dirname(["model.positions=rel", "seed=2", "train.max_steps=1"], ["model.positions=abs,rel",
+                         "seed=1,2", "train.max_steps=1"], exclude) == "model.positions=rel,seed=2"
+    # nothing swept (relmt-train -m seed=1), or the sweep's overrides unknown: Hydra's override_dirname
+    assert sweep_dirname(["train.max_steps=1", "data.cache_dir=/c"], ["train.max_steps=1", "data.cache_dir=/c"],
+                         exclude) == "train.max_steps=1"
+    assert sweep_dirname(["seed=2", "model=tiny"], None, exclude) == "model=tiny,seed=2"
+
+
+@pytest.mark.slow
+def test_a_sweeps_job_directories_and_report_cells_name_the_swept_keys(tmp_path, capsys):
+    """relmt-train -m with many overrides and one swept key: each job directory is `model.positions=abs` and
+    `model.positions=rel` (configs/config.yaml's hydra.sweep.subdir), and relmt-report names their rows so, also
+    for a sweep made before issue 74, whose job directories carry every override."""
+    from relmt.cli.report import main as report
+
+    sweep = tmp_path / "sweep"
+    done = subprocess.run([RELMT_TRAIN, "-m", *TINY, "data.toy.n_test=4", "data.toy.n_test_long=4",
+                           f"data.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}", "train.max_steps=1",
+                           "train.valid_bleu=false", "threads=1", "model.positions=abs,rel"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["model.positions=abs", "model.positions=rel"]
+    for job in ("abs", "rel"):
+        metrics = json.loads((sweep / f"model.positions={job}" / "metrics.json").read_text())
+        assert metrics["status"] == "completed"
+    # a sweep of before: its job directory named after every override (Hydra's override_dirname)
+    old = yaml.safe_load((sweep / "model.positions=abs/.hydra/hydra.yaml").read_text())["hydra"]["job"]
+    assert len(old["override_dirname"]) > 100, old["override_dirname"]
+    (sweep / "model.positions=abs").rename(sweep / old["override_dirname"])
+    assert report([str(sweep), f"out={tmp_path / 'report'}", "name=sweep", "kind=runs"]) == 0
+    capsys.readouterr()
+    table = (tmp_path / "report/sweep.md").read_text()
+    assert "| model.positions=abs |" in table and "| model.positions=rel |" in table, table
+    assert "train.max_steps=1" not in table, table
+
+
 def test_sigterm_finishes_the_step_saves_and_exits_with_the_interrupted_status(tmp_path):
     proc = start(tmp_path, "run", "train.max_steps=100000", "train.save_every=100000", "train.eval_every=100000")
     run = tmp_path / "run"

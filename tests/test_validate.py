@@ -56,7 +56,7 @@ def make_corpus(src_ids: list[list[int]], tgt_ids: list[list[int]], refs: list[s
     return OneSplitCorpus(src_ids, tgt_ids, refs, {"config": {"src": "en", "tgt": tgt}})
 
 
-@pytest.mark.parametrize("tgt,lang", [("de", "de"), ("tgt", "en")])
+@pytest.mark.parametrize("tgt,lang", [("de", "de"), ("tgt", "tgt, English rules")])  # toy: not "en" (issue 74)
 def test_translate_split_stores_tokenized_bleu_beside_sacrebleu(tmp_path, monkeypatch, tgt, lang):
     refs = ["Die Auto-Branche wächst .", "Der Hund läuft schnell ."]
     hyp_ids = [[4, 5, 6, 7], [8, 9, 10, 7]]
@@ -71,11 +71,12 @@ def test_translate_split_stores_tokenized_bleu_beside_sacrebleu(tmp_path, monkey
     assert scores["bleu"] == pytest.approx(bleu.corpus_score(hyps, [refs]).score)
     assert scores["signature"] == str(bleu.get_signature()) and scores["sentences"] == 2
     assert scores["chrf"] == pytest.approx(chrf.corpus_score(hyps, [refs]).score)
-    expected = tokenized_bleu(hyps, refs, lang)
+    expected = tokenized_bleu(hyps, refs, tgt)
     assert scores["tokenized_bleu"] == pytest.approx(expected["score"])
     assert scores["tokenized_signature"] == expected["signature"] and "tok:none" in expected["signature"]
     assert f"Moses ({lang}) + compound splitting" in scores["tokenized_label"]
-    assert scores["lowercased_bleu"] == pytest.approx(lowercased_bleu(hyps, refs, lang)["score"])
+    assert scores["lowercased_bleu"] == pytest.approx(lowercased_bleu(hyps, refs, tgt)["score"])
+    assert scores["tokenized_bleu"] == pytest.approx(tokenized_bleu(hyps, refs, "de" if tgt == "de" else "en")["score"])
     assert scores["lowercased_label"].startswith("lowercased tokenized BLEU")
     # validation may skip it
     quick, _ = validate.translate_split(None, corpus, "valid", DecodeConfig(), torch.device("cpu"), tokenized=False)

@@ -17,6 +17,24 @@ class AverageArgs:
     checkpoints: list[str] = field(default_factory=list)
 
 
+def too_few(last: int, directory: str, paths: list) -> str:
+    """Why last=N cannot be met: the step files there, and the run settings that left that many (from the newest
+    one's config: a run saves one every train.save_every updates and at its last, and keeps train.keep_last)."""
+    from relmt import checkpoint
+
+    names = ", ".join(p.name for p in paths)
+    message = f"last={last}: {directory} holds {len(paths)} step checkpoints ({names}), not {last}"
+    try:
+        train = checkpoint.load(paths[-1], mmap=True).get("config", {}).get("train", {})
+    except Exception:  # noqa: BLE001 -- the count alone still says what is wrong
+        train = {}
+    if {"save_every", "max_steps", "keep_last"} <= train.keys():
+        message += (f": its run saved one every train.save_every={train['save_every']} updates over "
+                    f"train.max_steps={train['max_steps']} and kept the newest train.keep_last={train['keep_last']}")
+    return (message + f"; give last={len(paths)} (or last=0: all of them), or train with a smaller "
+            "train.save_every or more updates to have more")
+
+
 def _average(argv: list[str]) -> None:
     from pathlib import Path
 
@@ -31,7 +49,7 @@ def _average(argv: list[str]) -> None:
         if not paths:
             raise UserError(f"dir={args.dir}: no step_N.pt checkpoints there")
         if args.last and len(paths) < args.last:
-            raise UserError(f"last={args.last}: {args.dir} holds only {len(paths)} step checkpoints")
+            raise UserError(too_few(args.last, args.dir, paths))
     else:
         paths = [Path(p) for p in args.checkpoints]
     averaged = checkpoint.average(paths)

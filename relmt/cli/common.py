@@ -61,6 +61,17 @@ USAGE = {
                     "onnxruntime, as relmt-translate engine=onnx does) with sentencepiece.model (needs relmt[onnx]);\n"
                     "format=aoti compiles them with AOTInductor into encoder.pt2, step.pt2 and search.pt2\n"
                     "(engine=aoti).",
+    "relmt-report": "relmt-report RUN_DIR... out=DIR name=NAME [kind=tables|runs|length|tuning] [title=TEXT]\n"
+                    "             [command=TEXT] [refs=DIR | refs=[DATA=DIR,...]] [bootstrap_samples=1000]\n"
+                    "             [train_max_words=N | train_max_words=[DATA=N,...]] [overwrite=false]\n"
+                    "Read completed run directories (or folders of them) and write out/NAME.md and NAME.json: a\n"
+                    "row per run (kind=runs; a sweep job named after its swept overrides), the paper's tables,\n"
+                    "claims and plots (kind=tables; the default for runs on its data sets or with a paired test),\n"
+                    "BLEU by source length (kind=length; the default for name=length) or the validation split\n"
+                    "by setting (kind=tuning). refs: the folder of the reference files {split}.{tgt}, for the\n"
+                    "paired bootstrap tests (DATA=DIR: data set DATA's runs only; repeatable). An existing report\n"
+                    "of the same name is replaced only with overwrite=true. --out DIR and --name NAME, the\n"
+                    "options of before, still work. docs/reproducing.md says more.",
 }
 # One whole command per command, for the message that a missing required argument gets
 EXAMPLES = {

@@ -1,24 +1,32 @@
 """`relmt-report`: the paper's tables, claims and plots, or a row per run, from relmt-train run directories.
 
-    relmt-report RUN_DIRS... --out DIR --name NAME [--kind K] [--title T] [--command C] [--refs DIR | DATA=DIR ...]
+    relmt-report RUN_DIRS... out=DIR name=NAME [kind=K] [title=T] [command=C] [refs=DIR | refs=[DATA=DIR,...]]
+                 [bootstrap_samples=1000] [train_max_words=N | train_max_words=[DATA=N,...]] [overwrite=false]
 
 RUN_DIRS are run directories or folders holding them (searched recursively). Runs not "completed" and duplicates
 (the seed and settings of another run) are skipped and listed; runs averaged as seeds whose other settings differ get
-a warning. Runs are grouped by data set and model preset, seeds shown as mean ± sample std (n). --kind tables writes
-NAME.md (Tables 1-3, the paired tests seed by seed with --refs, BLEU by source length, learning curves, the claims),
+a warning. Runs are grouped by data set and model preset, seeds shown as mean ± sample std (n); a sweep job's row is
+named after its values of the swept keys (model.positions=rel,seed=2). kind=tables writes
+NAME.md (Tables 1-3, the paired tests seed by seed with refs=, BLEU by source length, learning curves, the claims),
 NAME_k.png (a k sweep), NAME_length.png, NAME_curves.png and NAME.json; runs (the default unless the runs are on
-the paper's data or a claim has a paired test) NAME.md, a row per run, and NAME.json; length (the default for --name
-length) NAME.md, NAME_buckets.png and NAME.json, the buckets longer than training marked; tuning NAME.md.
+the paper's data or a claim has a paired test) NAME.md, a row per run, and NAME.json; length (the default for
+name=length) NAME.md, NAME_buckets.png and NAME.json, the buckets longer than training marked; tuning NAME.md.
+refs: the folder of the reference files {split}.{tgt} (and {split}.{src} for kind=length), which enables the paired
+bootstrap tests on each run's translations/; DATA=DIR for the runs of data set DATA only (config.yaml's data.name).
+train_max_words: for kind=length, the longest training source in words of runs whose config does not record it.
+A report of the same name in out is not replaced unless overwrite=true. The --out DIR, --name NAME (...) options of
+before still work, with a note to use key=value.
 """
 
-import argparse
 import json
 import re
 import sys
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from relmt.cli.common import closest, guarded, parse_args
+from relmt.errors import UserError
 from relmt.report.aggregate import seeds_of
 from relmt.report.build import Report, build_report
 from relmt.report.markdown import length_markdown, markdown, runs_markdown, tuning_markdown
@@ -99,81 +107,151 @@ def paper_experiment(report: Report) -> bool:
 
 
 def parse_refs(values: list[str]) -> dict[str | None, Path]:
-    """--refs values: "DIR" (key None: every data set) or "DATA=DIR" (one data set; DATA has no "/")."""
+    """refs= values: "DIR" (key None: every data set) or "DATA=DIR" (one data set; DATA has no "/")."""
     out: dict[str | None, Path] = {}
     for value in values:
         data, sep, folder = value.partition("=")
         data, folder = (data, folder) if sep and "/" not in data else (None, value)
         if not Path(folder).is_dir():
-            raise ReportError(f"--refs {value}: {folder} is not a directory")
+            raise ReportError(f"refs={value}: {folder} is not a directory")
         out[data] = Path(folder)
     return out
 
 
 def parse_cutoffs(values: list[str]) -> dict[str | None, int]:
-    """--train-max-words values: "N" (key None: every data set) or "DATA=N"."""
+    """train_max_words= values: "N" (key None: every data set) or "DATA=N"."""
     out: dict[str | None, int] = {}
     for value in values:
         data, _, n = value.rpartition("=")
         if not n.isdigit() or int(n) < 1:
-            raise ReportError(f"--train-max-words {value}: give N or DATA=N with N >= 1 words")
+            raise ReportError(f"train_max_words={value}: give N or DATA=N with N >= 1 words")
         out[data or None] = int(n)
     return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="relmt-report", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                        help="run directories, or directories containing them (searched recursively)")
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--name", required=True, help="base name of the output files")
-    parser.add_argument("--kind", choices=("tables", "runs", "length", "tuning"), default=None,
-                        help="tables (the paper's; the default for runs on its data sets or with a paired test), "
-                             "runs (a row per run; the default otherwise), length (the default for --name length), "
-                             "or tuning (valid split only, the settings in which the runs differ)")
-    parser.add_argument("--title", default=None, help="markdown title (default: Results, Runs, or Length "
-                                                      "generalisation)")
-    parser.add_argument("--command", default=None, help="the command that produced the runs, quoted in the report")
-    parser.add_argument("--refs", action="append", default=[], metavar="DIR|DATA=DIR",
-                        help="folder of the reference files {split}.{tgt} (and {split}.{src} for --kind length): "
-                             "enables the paired bootstrap tests on each run's translations/; DATA=DIR for the runs "
-                             "of data set DATA only (config.yaml's data.name); repeatable")
-    parser.add_argument("--bootstrap-samples", type=int, default=1000, help="paired bootstrap resamples (1000)")
-    parser.add_argument("--train-max-words", action="append", default=[], metavar="N|DATA=N",
-                        help="--kind length: the longest training source in words, for runs whose config does not "
-                             "record it (DATA=N: only for data set DATA); repeatable")
-    args = parser.parse_args(argv)
-    args.kind = args.kind or ("length" if args.name == "length" else None)  # None: tables or runs, by the runs
-    if args.bootstrap_samples < 1:
-        parser.error("--bootstrap-samples must be >= 1")
-    return args
+@dataclass
+class ReportArgs:
+    out: str = "???"  # the output folder
+    name: str = "???"  # the output files' base name: NAME.md, NAME.json, NAME_*.png
+    kind: str = ""  # tables | runs | length | tuning; "": length for name=length, else tables or runs by the runs
+    title: str = ""  # the markdown title (default: Results, Runs, Length generalisation or Tuning)
+    command: str = ""  # the command that produced the runs, quoted in the report
+    refs: list[str] = field(default_factory=list)  # DIR or DATA=DIR: the reference files, for the paired tests
+    bootstrap_samples: int = 1000  # paired bootstrap resamples
+    train_max_words: list[str] = field(default_factory=list)  # N or DATA=N (kind=length)
+    overwrite: bool = False  # replace a report of the same name in out
+
+
+KINDS = ("tables", "runs", "length", "tuning")
+EXAMPLE = "relmt-report runs/mine out=reports name=mine"
+TEXT_KEYS = ("out", "name", "kind", "title", "command")  # taken as written: a title may hold ': ' or '#'
+LIST_KEYS = ("refs", "train_max_words")  # repeatable, or one [a,b] list
+# the options of before issue 74, which still work (with a note)
+OLD_OPTIONS = {"--out": "out", "--name": "name", "--kind": "kind", "--title": "title", "--command": "command",
+               "--refs": "refs", "--bootstrap-samples": "bootstrap_samples", "--train-max-words": "train_max_words"}
+ARGUMENT = re.compile(r"[A-Za-z_]\w*=")
+
+
+def yaml_text(value: str) -> str:
+    """`value` as a single-quoted YAML string, its ${...} escaped for OmegaConf, so that parse_args reads it as
+    written (a title may hold ': ', '#' or a quote; a command a shell's ${VAR})."""
+    return "'" + value.replace("'", "''").replace("${", "\\${") + "'"
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+    """The run directories, the (key, value) arguments and the old options used. A word is an argument when it
+    starts with key= (key a plain name: a sweep job's directory, model.positions=rel, or a path with a / is a
+    run directory) and is not an existing path; --out DIR and the other options of before become arguments."""
+    dirs, pairs, old = [], [], []
+    words = iter(argv)
+    for word in words:
+        option, eq, value = word.partition("=")
+        if option in OLD_OPTIONS:
+            if not eq:
+                value = next(words, None)
+                if value is None:
+                    raise UserError(f"{option} needs a value; write {OLD_OPTIONS[option]}=... (e.g. {EXAMPLE})")
+            pairs.append((OLD_OPTIONS[option], value))
+            old.append(option)
+        elif word.startswith("-"):
+            raise UserError(f"{word}: relmt-report takes key=value arguments, e.g. {EXAMPLE} (relmt-report --help)")
+        elif ARGUMENT.match(word) and not Path(word).exists():
+            pairs.append((option, value))
+        else:
+            dirs.append(word)
+    return dirs, pairs, old
+
+
+def read_args(argv: list[str]) -> tuple[list[str], ReportArgs]:
+    """The run directories and the checked arguments (relmt.cli.common.parse_args, as every command's)."""
+    import yaml
+
+    dirs, pairs, old = split_argv(argv)
+    if old:
+        said = ", ".join(dict.fromkeys(old))
+        print(f"relmt-report: note: {said} {'is' if len(old) == 1 else 'are'} deprecated; write "
+              f"{', '.join(dict.fromkeys(OLD_OPTIONS[o] + '=...' for o in old))} (key=value, as the other commands)",
+              file=sys.stderr)
+    args, lists = [], {key: [] for key in LIST_KEYS}
+    for key, value in pairs:
+        if key in lists:
+            try:
+                loaded = yaml.safe_load(value) if value.startswith("[") else None
+            except yaml.YAMLError:
+                raise UserError(f"{key}={value}: not a list YAML can read; give {key}=VALUE, once per value") from None
+            lists[key] += [str(v) for v in loaded] if isinstance(loaded, list) else [value]
+        else:
+            args.append(f"{key}={yaml_text(value) if key in TEXT_KEYS else value}")
+    args += [f"{key}=[{', '.join(map(yaml_text, values))}]" for key, values in lists.items() if values]
+    parsed = parse_args(ReportArgs, args, EXAMPLE)
+    if not dirs:
+        raise UserError(f"no run directories: give them before the arguments, e.g. {EXAMPLE}")
+    if parsed.kind and parsed.kind not in KINDS:
+        raise UserError(f"kind={parsed.kind}: not a report kind{closest(parsed.kind, list(KINDS))}; the kinds are "
+                        f"{', '.join(KINDS)}")
+    if parsed.bootstrap_samples < 1:
+        raise UserError(f"bootstrap_samples={parsed.bootstrap_samples}: must be >= 1")
+    parsed.kind = parsed.kind or ("length" if parsed.name == "length" else "")  # "": tables or runs, by the runs
+    return dirs, parsed
+
+
+def refuse_to_overwrite(out: Path, name: str) -> None:
+    """A report of this name in `out` (NAME.md or NAME.json) is replaced only with overwrite=true."""
+    there = [p for p in (out / f"{name}.md", out / f"{name}.json") if p.is_file()]
+    if there:
+        raise UserError(f"{there[0]}: a report named {name} is there already; give overwrite=true to replace it, "
+                        f"or another name= or out=")
+
+
+def _report(argv: list[str]) -> None:
+    dirs, args = read_args(argv)
+    out = Path(args.out)
+    if not args.overwrite:
+        refuse_to_overwrite(out, args.name)
+    try:
+        refs = parse_refs(args.refs)
+        title = args.title or {"length": "Length generalisation", "tuning": "Tuning"}.get(args.kind, "Results")
+        command = args.command or None
+        if args.kind == "tuning":
+            out.mkdir(parents=True, exist_ok=True)
+            write_page(out / f"{args.name}.md", text := tuning_markdown(dirs, title, command))
+        elif args.kind == "length":
+            report = build_report(dirs, title, command, refs, args.bootstrap_samples,
+                                  parse_cutoffs(args.train_max_words))
+            text = write_outputs(report, out, args.name, args.kind)
+        else:
+            report = build_report(dirs, title, command, refs, args.bootstrap_samples)
+            kind = args.kind or ("tables" if paper_experiment(report) else "runs")
+            report.title = args.title or ("Results" if kind == "tables" else "Runs")
+            text = write_outputs(report, out, args.name, kind)
+    except ReportError as exc:
+        raise UserError(str(exc)) from None
+    print(text, end="")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console script `relmt-report`: exit 0, or 2 with one line on stderr for bad input."""
-    args = parse_args(argv)
-    try:
-        refs = parse_refs(args.refs)
-        title = args.title or {"length": "Length generalisation", "tuning": "Tuning"}.get(args.kind, "Results")
-        if args.kind == "tuning":
-            args.out.mkdir(parents=True, exist_ok=True)
-            write_page(args.out / f"{args.name}.md", text := tuning_markdown(args.run_dirs, title, args.command))
-        elif args.kind == "length":
-            report = build_report(args.run_dirs, title, args.command, refs, args.bootstrap_samples,
-                                  parse_cutoffs(args.train_max_words))
-            text = write_outputs(report, args.out, args.name, args.kind)
-        else:
-            report = build_report(args.run_dirs, title, args.command, refs, args.bootstrap_samples)
-            kind = args.kind or ("tables" if paper_experiment(report) else "runs")
-            report.title = args.title or ("Results" if kind == "tables" else "Runs")
-            text = write_outputs(report, args.out, args.name, kind)
-    except ReportError as exc:
-        print(f"relmt-report: error: {exc}", file=sys.stderr)
-        return 2
-    print(text, end="")
-    return 0
+    return guarded("relmt-report", _report, argv)
 
 
 if __name__ == "__main__":

@@ -137,6 +137,35 @@ def sweep_overrides(hydra) -> list[str]:
     return [str(o) for o in given if not str(o).startswith(RESUME_SETS)]
 
 
+def sweep_subdir(*, _root_) -> str:
+    """configs/config.yaml's hydra.sweep.subdir, `${relmt_sweep_subdir:}`: a sweep job's directory named after its
+    values of the swept keys only (`model.positions=rel,seed=2`, relmt.report.runs.sweep_dirname), where Hydra's
+    override_dirname names it after every override. A job's config holds only its own point of the sweep; which
+    keys sweep says the sweep's multirun.yaml, which Hydra writes before it launches a job."""
+    from pathlib import Path
+
+    import yaml
+
+    from relmt.report.runs import sweep_dirname
+
+    hydra = _root_.hydra
+    try:
+        given = yaml.safe_load((Path(str(hydra.sweep.dir)) / "multirun.yaml").read_text())["hydra"]["overrides"]["task"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        given = None  # another sweeper or launcher: Hydra's own name
+    return sweep_dirname([str(o) for o in hydra.overrides.task], given,
+                         list(hydra.job.config.override_dirname.exclude_keys))
+
+
+def register_resolvers() -> None:
+    """The OmegaConf resolvers that configs/config.yaml names (relmt_sweep_subdir); registered by relmt-train before
+    Hydra runs, and by a sweep job's process when it imports the task (the joblib launcher's workers)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("relmt_sweep_subdir"):
+        OmegaConf.register_new_resolver("relmt_sweep_subdir", sweep_subdir)
+
+
 def resume_hint(hydra, out_dir: str) -> str:
     """What an interrupted job prints: for a job of a -m sweep, the sweep requeued; else the run
     resumed. `hydra` is the job's HydraConfig, None when _train_job is called as a function."""

@@ -14,7 +14,8 @@ class ScoreArgs:
     hyp: str = "???"
     ref: str = "???"
     src: str = ""
-    lang: str = ""  # Moses language for the tokenized BLEU; default: the ref file's suffix if Moses knows it, else en
+    lang: str = ""  # Moses language for the tokenized BLEU; default: the ref file's suffix (English rules if Moses
+    # does not know it; the label then says so)
     buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
     out: str = ""  # JSON output; none without it (the hypothesis may sit in a read-only or shared folder)
 
@@ -30,11 +31,11 @@ def _score(argv: list[str]) -> None:
     if args.lang and moses_lang(args.lang) != args.lang:
         raise UserError(f"lang={args.lang}: Moses has no tokenization rules for it; give a code such as de, "
                         "en or fr, or leave lang out to use the ref file's suffix (else en)")
-    lang = args.lang or moses_lang(Path(args.ref).suffix.lstrip("."))
+    target = args.lang or Path(args.ref).suffix.lstrip(".")  # the labels name it (test.tgt: "tgt, English rules")
     srcs = read_lines(Path(args.src)) if args.src else None
-    result = score(read_lines(Path(args.hyp)), read_lines(Path(args.ref)), srcs, lang, tuple(args.buckets),
+    result = score(read_lines(Path(args.hyp)), read_lines(Path(args.ref)), srcs, target, tuple(args.buckets),
                    names=(args.hyp, args.ref, args.src))
-    result.update(hyp=args.hyp, ref=args.ref, src=args.src or None, lang=lang)
+    result.update(hyp=args.hyp, ref=args.ref, src=args.src or None, lang=moses_lang(target))
     print(report(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

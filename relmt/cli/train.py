@@ -9,8 +9,17 @@ import re
 import sys
 
 from relmt.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR, closest, format_error
-from relmt.cli.rundirs import remember_run_dirs, remove_unstarted_run_dir, restore_run_dir, resume_hint, run_dir_label
+from relmt.cli.rundirs import (
+    register_resolvers,
+    remember_run_dirs,
+    remove_unstarted_run_dir,
+    restore_run_dir,
+    resume_hint,
+    run_dir_label,
+)
 from relmt.errors import UserError
+
+register_resolvers()  # here, not only in main: a joblib sweep job's process imports this module, not main's
 
 
 def log_to_file(level: int, message: str) -> None:
@@ -194,6 +203,7 @@ def main() -> None:
                 print(f"relmt-train: error: {format_error(e)}", file=sys.stderr)
                 sys.exit(EXIT_USER_ERROR)
     remember_run_dirs(sys.argv[1:])
+    register_resolvers()  # hydra.sweep.subdir's ${relmt_sweep_subdir:}
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: one run directory for all ranks
         if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
             sys.argv.append(f"hydra.run.dir=runs/ddp-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")

@@ -37,6 +37,15 @@ def moses_lang(code: str) -> str:
     return code if code in _MOSES_LANGS else "en"
 
 
+def moses_label(code: str) -> str:
+    """How a tokenized BLEU's label names its Moses tokenization: "de" for a language Moses knows, else the
+    target's own code with the English rules used for it ("tgt, English rules": the toy corpus's target is
+    no English, and a label of "en" said it was)."""
+    if code in _MOSES_LANGS:
+        return code
+    return f"{code}, English rules" if code else "English rules"
+
+
 def split_compounds(text: str) -> str:
     """`X-Y` -> `X ##AT##-##AT## Y`, left to right without overlaps, like perl's s{(\\S)-(\\S)}{...}g."""
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
@@ -77,17 +86,17 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, compound_split: 
     The default is the paper-comparable EN-DE figure: Moses tokenization + compound splitting
     (tensor2tensor's get_ende_bleu.sh). `lowercase=True, compound_split=False` is the lowercased
     tokenized BLEU that most Multi30k papers print (multi-bleu.perl on lowercased Moses tokens). A
-    language Moses does not know tokenizes as English (`moses_lang`); the label names the one used.
+    language Moses does not know tokenizes by the English rules (`moses_lang`); the label names the target
+    and the rules (`moses_label`), never calling it English.
     `n_bootstrap` > 1 adds sacreBLEU's 95% bootstrap interval over the test sentences as sacreBLEU
     prints it, "μ = mean ± ci": the resamples' mean and the half-width of their 2.5-97.5 percentile
     range (its resampling seed is sacreBLEU's fixed default)."""
-    lang = moses_lang(lang)
     prep = moses_prep(lang, compound_split, lowercase)
     # force: the input is tokenized on purpose, so sacreBLEU's "forgot to detokenize?" warning (on 100
     # lines ending in " .", i.e. on every real test set here) does not apply; the signature is the same.
     bleu = BLEU(tokenize="none", force=True)
     score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]], n_bootstrap=n_bootstrap)
-    how = [f"Moses ({lang})"] + ["compound splitting"] * compound_split + ["lowercased"] * lowercase
+    how = [f"Moses ({moses_label(lang)})"] + ["compound splitting"] * compound_split + ["lowercased"] * lowercase
     out = {"score": score.score, "signature": str(bleu.get_signature()),
            "label": f"{'lowercased ' if lowercase else ''}tokenized BLEU: {' + '.join(how)}, tokenize=none "
                     "(not sacreBLEU)"}

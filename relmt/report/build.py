@@ -19,7 +19,7 @@ class Report:
     runs: list[Run]
     skipped: list[tuple[Path, str]]
     groups: list[Group]
-    refs: dict[str | None, Path] = field(default_factory=dict)  # --refs: data set (None: any) -> folder
+    refs: dict[str | None, Path] = field(default_factory=dict)  # refs=: data set (None: any) -> folder
     n_samples: int = 1000
     extra: dict = field(default_factory=dict)  # what a report kind adds (the length report's LengthGroups)
     warnings: list[str] = field(default_factory=list)  # runs averaged as seeds whose settings differ
@@ -70,7 +70,7 @@ def check_seeds(runs: list[Run]) -> tuple[list[Run], list[tuple[Path, str]], lis
 def build_report(sources: list[str], title: str, command: str | None, refs: dict[str | None, Path] | None = None,
                  n_samples: int = 1000, cutoffs: dict[str | None, int] | None = None) -> Report:
     """The completed runs under `sources` (duplicates left out, the skipped named), grouped and analysed: the
-    paper's tables, or with `cutoffs` (--train-max-words) the length report. ReportError if there is no run."""
+    paper's tables, or with `cutoffs` (train_max_words=) the length report. ReportError if there is no run."""
     if not (dirs := find_run_dirs(sources)):
         raise ReportError(f"no run directories (with metrics.json and config.yaml) found in {', '.join(sources)}")
     runs, skipped = read_runs(dirs)

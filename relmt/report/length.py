@@ -1,6 +1,6 @@
 """The length-generalisation report: BLEU by source length, the buckets longer than any training source marked (the
 argument of Shaw et al. 2018 §3.2 for clipping), and on those sentences a verdict for rel against abs and for each
-later method against abs and rel. The cutoff comes from the runs' config or --train-max-words."""
+later method against abs and rel. The cutoff comes from the runs' config or train_max_words=."""
 
 from dataclasses import dataclass, field
 
@@ -27,8 +27,8 @@ def cutoff(group: Group, cutoffs: dict[str | None, int]) -> tuple[int | None, st
         return recorded, "the runs' config"
     for data in (group.data, None):
         if data in cutoffs:
-            return cutoffs[data], f"--train-max-words {f'{data}=' if data else ''}{cutoffs[data]}"
-    return None, "unknown: the config does not record it and no --train-max-words was given"
+            return cutoffs[data], f"train_max_words={f'{data}=' if data else ''}{cutoffs[data]}"
+    return None, "unknown: the config does not record it and no train_max_words= was given"
 
 
 def weighted_diff(item: LengthGroup, seen: str, system: str = "rel", baseline: str = "abs"

@@ -31,11 +31,11 @@ ABLATION_ABOUT = ("The paper reports newstest2013 (development set) BLEU, so its
 
 
 def no_refs(report: Report, group: Group) -> str:
-    """Why a group has no paired tests: no --refs at all, or none for its data set."""
+    """Why a group has no paired tests: no refs= at all, or none for its data set."""
     if not report.refs:
-        return ("the report was built without `--refs DIR`, the folder of the reference files `{split}.{tgt}` that "
+        return ("the report was built without `refs=DIR`, the folder of the reference files `{split}.{tgt}` that "
                 "each run's translations/ are tested against")
-    return f"no `--refs` folder for data set {group.data} (give `--refs {group.data}=DIR` or a plain `--refs DIR`)"
+    return f"no `refs=` folder for data set {group.data} (give `refs={group.data}=DIR` or a plain `refs=DIR`)"
 
 
 def md_intro(report: Report) -> str:
@@ -353,19 +353,19 @@ def tuning_markdown(sources: list[str], title: str, command: str | None) -> str:
 
     def row(run: Run, cfg: dict[str, object]) -> list[str]:
         curve, averaged = dict(run.curve), run.path / "averaged_valid.json"  # scripts/reproduce/score_averaged.sh
-        return [run.path.name, *(str(cfg.get(k, DASH)) for k in keys),
+        return [run.name, *(str(cfg.get(k, DASH)) for k in keys),
                 *(f"{curve[s]:.2f}" if s in curve else DASH for s in steps),
                 *(f"{run.valid[m]:.2f}" if m in run.valid else DASH for m in ("bleu", "chrf", "lowercased_bleu")),
                 f"{json.loads(averaged.read_text())['sacrebleu']['score']:.2f}" if averaged.is_file() else DASH,
                 f"{run.wall_seconds / 60:.0f}" if run.wall_seconds else DASH]
     h = host()
-    parts = [f"# {title}", f"Made by `relmt-report {' '.join(sources)} --kind tuning` on {h['date']} ({h['cpu']}, "
+    parts = [f"# {title}", f"Made by `relmt-report {' '.join(sources)} kind=tuning` on {h['date']} ({h['cpu']}, "
              f"{h['cpu_count']} cores, torch {h['torch']}, relmt {h['git']}).",
              *([f"Runs: `{command}`."] if command else []),
              "Validation split only: the tuning runs decode no test set. BLEU is sacreBLEU (cased, 13a) unless named "
              "otherwise; 'minutes' is the run's wall time.",
              md_table(header, [row(r, c) for r, c in zip(runs, configs)]),
-             f"Highest final valid sacreBLEU: {best.path.name} ({best.valid.get('bleu', float('nan')):.2f}).",
+             f"Highest final valid sacreBLEU: {best.name} ({best.valid.get('bleu', float('nan')):.2f}).",
              *(["Left out: " + "; ".join(f"{p} ({why})" for p, why in skipped)] if skipped else [])]
     return "\n\n".join(parts) + "\n"
 
@@ -376,7 +376,7 @@ def runs_markdown(report: Report) -> str:
     settings = [{"seed": json.dumps(r.seed), **dict(r.settings)} for r in report.runs]
     keys = [k for k in dict.fromkeys(k for s in settings for k in s) if len({s.get(k) for s in settings}) > 1]
     splits = list(dict.fromkeys(split for r in report.runs for split in r.test))
-    rows = [[r.path.name, *(s.get(k, DASH).strip('"') for k in keys),
+    rows = [[r.name, *(s.get(k, DASH).strip('"') for k in keys),
              *(DASH if (b := r.score(split)) is None else f"{b:.2f}" for split in ("valid", *splits)),
              str(r.updates or DASH), f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else DASH]
             for r, s in zip(report.runs, settings)]
@@ -385,7 +385,7 @@ def runs_markdown(report: Report) -> str:
     intro = md_intro(replace(report, warnings=[]))  # no warning about seeds averaged: each run is its own row
     return (f"# {report.title}\n\n{intro}\n\n{md_table(header, rows)}\n\nsacreBLEU (cased, 13a): valid "
             f"after the last update, test of the {rules} checkpoint. The paper's Tables 1-3, its claims and their "
-            "verdicts apply to runs on its data sets or with a paired test (`--refs DIR`): `--kind tables`.\n"
+            "verdicts apply to runs on its data sets or with a paired test (`refs=DIR`): `kind=tables`.\n"
             + by_corpus_markdown(report))
 
 
@@ -401,7 +401,7 @@ def by_corpus_markdown(report: Report) -> str:
             if name == r.valid_corpus:
                 scores = {"valid": r.score("valid"), **scores}
             kinds += [k for k in scores if k not in kinds]
-            rows.append((r.path.name, name, f"{src}→{tgt}", scores))
+            rows.append((r.name, name, f"{src}→{tgt}", scores))
     if not rows:
         return ""
     table = [[run, name, pair, *(DASH if (b := scores.get(k)) is None else f"{b:.2f}" for k in kinds)]

@@ -19,6 +19,57 @@ class ReportError(Exception):
     """Bad input: reported as one line on stderr with exit code 2."""
 
 
+# --- a sweep job's name: the swept overrides (configs/config.yaml's hydra.sweep.subdir, and the report's run cells)
+
+SWEEP_FUNCTIONS = ("range(", "choice(", "glob(", "interval(")
+
+
+def override_key(override: str) -> str:
+    """The key an override sets, as Hydra's override_dirname and exclude_keys see it: `model.positions` for
+    `model.positions=abs,rel`, `+foo=1` and `~foo`; `model` for a group's `model=tiny`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def is_sweep(override: str) -> bool:
+    """Whether a command-line override sweeps (a,b; range, choice, glob, interval), by Hydra's grammar: a quoted
+    'a,b' or a list [a,b] is one value. An override the grammar refuses is judged by its text."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(override).is_sweep_override()
+    except Exception:  # noqa: BLE001 -- Hydra refuses it where it matters; here it only names a directory
+        value = override.partition("=")[2]
+        return value.startswith(SWEEP_FUNCTIONS) or ("," in value and value[:1] not in "[{'\"")
+
+
+def swept_keys(overrides: list[str]) -> set[str]:
+    """The keys that a sweep's overrides, as given on the command line, sweep."""
+    return {override_key(str(o)) for o in overrides if is_sweep(str(o))}
+
+
+def sweep_dirname(job: list[str], given: list[str] | None, exclude: list[str] | tuple[str, ...] = ()) -> str:
+    """A sweep job's directory name: its own overrides (`job`, Hydra's hydra.overrides.task) of the keys that the
+    sweep's overrides as given (`given`, multirun.yaml's) sweep, but the `exclude` keys, sorted and joined as
+    Hydra's override_dirname joins them: `model.positions=rel,seed=2`. Where nothing is swept (`relmt-train -m
+    seed=1`) or `given` is unknown (None), Hydra's override_dirname itself: every override but the excluded."""
+    swept = swept_keys(given) - set(exclude) if given is not None else set()
+    keys = swept or {override_key(str(o)) for o in job} - set(exclude)
+    return ",".join(sorted(str(o) for o in job if override_key(str(o)) in keys))
+
+
+def sweep_job_name(path: Path) -> str | None:
+    """The sweep_dirname of a run directory made by a sweep (its parent holds Hydra's multirun.yaml, and it
+    .hydra/overrides.yaml), so that a sweep made before configs/config.yaml named its jobs so (issue 74) still
+    gets the short name; None for a run of its own or files that do not read."""
+    try:
+        sweep = yaml.safe_load((path.parent / "multirun.yaml").read_text())["hydra"]
+        job = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text())
+        exclude = ((sweep.get("job") or {}).get("config") or {}).get("override_dirname", {}).get("exclude_keys")
+        return sweep_dirname([str(o) for o in job], [str(o) for o in sweep["overrides"]["task"]], exclude or ())
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return None
+
+
 @dataclass(frozen=True)
 class Run:
     """What the report needs from one completed run directory."""
@@ -60,6 +111,12 @@ class Run:
     # data.source=corpora: each corpus's (name, src, tgt), and the corpus whose valid split is `valid`
     corpora: tuple[tuple[str, str, str], ...] = ()
     valid_corpus: str | None = None
+    sweep_name: str | None = None  # a sweep job's swept overrides (`sweep_job_name`), which name its row
+
+    @property
+    def name(self) -> str:
+        """How the report's rows name the run: a sweep job by its swept overrides, else its directory's name."""
+        return self.sweep_name or self.path.name
 
     @property
     def minutes(self) -> float | None:
@@ -195,7 +252,8 @@ def load_run(path: Path) -> Run:
                frozen=tuple(str(p) for p in train.get("freeze") or ()),
                signatures={m: tuple(sorted({str(r[k]) for r in results if r.get(k)})) for m, k in SIGNATURES.items()},
                settings=settings(cfg), corpora=corpora,
-               valid_corpus=data.get("valid_corpus") or (with_valid[0] if with_valid else None))
+               valid_corpus=data.get("valid_corpus") or (with_valid[0] if with_valid else None),
+               sweep_name=sweep_job_name(path))
 
 
 def read_runs(dirs: list[Path]) -> tuple[list[Run], list[tuple[Path, str]]]:

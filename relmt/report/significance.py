@@ -1,4 +1,4 @@
-"""Paired tests (relmt.evaluate.metrics) of each run's translations/<split>.<tgt> against <split>.<tgt> of the --refs
+"""Paired tests (relmt.evaluate.metrics) of each run's translations/<split>.<tgt> against <split>.<tgt> of the refs=
 folder. One test counts every seed of both systems at once (`multi_seed_bootstrap`, Clark et al. 2011: it resamples
 the sentences and each system's seeds) and decides the verdicts; beside it, seed s of the baseline against seed s of
 the system (`paired_bootstrap`), whose counts of significant pairs are shown but decide nothing: on same-system

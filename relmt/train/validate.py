@@ -17,7 +17,7 @@ from relmt.config import DecodeConfig
 from relmt.data.batching import collate, token_batches
 from relmt.data.dataset import Corpus, SplitIds
 from relmt.decode.search import decode_sources
-from relmt.evaluate.metrics import chrf_score, lowercased_bleu, moses_lang, sacrebleu_score, tokenized_bleu
+from relmt.evaluate.metrics import chrf_score, lowercased_bleu, sacrebleu_score, tokenized_bleu
 from relmt.model.transformer import Transformer
 from relmt.train.loss import label_smoothed_nll
 
@@ -55,9 +55,10 @@ def split_loss(model: Transformer, corpus: Corpus, split: str, max_tokens: int, 
 
 
 def target_lang(corpus: Corpus) -> str:
-    """The target language for Moses tokenization: data.tgt of the prepared corpus when Moses knows
-    it, else "en" (the toy corpus's "tgt"), as Moses' tokenizer.perl falls back to English."""
-    return moses_lang(str(corpus.meta.get("config", {}).get("tgt", "")))
+    """The target language for Moses tokenization: data.tgt of the prepared corpus. One Moses does not
+    know (the toy corpus's "tgt") is tokenized by the English rules, as Moses' tokenizer.perl falls
+    back to them (`moses_lang`), and labelled as such, not as English (`moses_label`)."""
+    return str(corpus.meta.get("config", {}).get("tgt", ""))
 
 
 def split_sources(data: SplitIds) -> list[np.ndarray]:

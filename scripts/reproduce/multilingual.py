@@ -44,8 +44,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = run.parent / "report"  # relmt-report's own page; this page quotes its table
-    subprocess.run([str(BIN / "relmt-report"), str(run), "--out", str(report), "--name", "runs", "--kind", "runs",
-                    "--title", "Multilingual EN->DE and EN->FR"], check=True, cwd=ROOT)
+    subprocess.run([str(BIN / "relmt-report"), str(run), f"out={report}", "name=runs", "kind=runs",
+                    "title=Multilingual EN->DE and EN->FR", "overwrite=true"], check=True, cwd=ROOT)
     table = (report / "runs.md").read_text().split("## By corpus and language pair", 1)[1].strip()
     sources = (ROOT / "data/newstest2014_enfr_split/test.en").read_text().splitlines()[:SAMPLES]
     refs = (ROOT / "data/newstest2014_enfr_split/test.fr").read_text().splitlines()[:SAMPLES]

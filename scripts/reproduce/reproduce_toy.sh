@@ -33,6 +33,6 @@ for kv in "true false" "false true" "false false"; do
 done
 
 minutes=$(( ($(date +%s) - start + 59) / 60 ))
-"$BIN/python" scripts/reproduce/paper_tables.py "$OUT" --out docs/results/reproduction --name toy_400updates \
-    --title "Toy corpus reproduction (CPU)" \
-    --command "scripts/reproduce/reproduce_toy.sh (JOBS=$JOBS, SEEDS=$SEEDS; training took $minutes min wall)"
+"$BIN/python" scripts/reproduce/paper_tables.py "$OUT" out=docs/results/reproduction name=toy_400updates \
+    "title=Toy corpus reproduction (CPU)" overwrite=true \
+    "command=scripts/reproduce/reproduce_toy.sh (JOBS=$JOBS, SEEDS=$SEEDS; training took $minutes min wall)"

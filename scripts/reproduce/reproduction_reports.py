@@ -82,13 +82,13 @@ def command(queue: Queue) -> str:
 
 
 def reference_args(refs: list[str]) -> list[str]:
-    """--refs arguments for the folders that exist ("DIR" or "DATA=DIR"); a missing one is said, and
+    """refs= arguments for the folders that exist ("DIR" or "DATA=DIR"); a missing one is said, and
     that report then has no paired tests for its data."""
     out = []
     for ref in refs:
         folder = Path(ref.split("=", 1)[-1])
         if folder.is_dir():
-            out += ["--refs", ref]
+            out.append(f"refs={ref}")
         else:
             print(f"  {folder}: no such folder, so no paired tests against it")
     return out
@@ -182,11 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         if name == "toy" and not opts.toy_text.is_dir():
             toy_corpus = ROOT / "scripts" / "reproduce" / "toy_corpus.py"
             subprocess.run([sys.executable, str(toy_corpus), str(opts.toy_text)], check=True)
-        args = [str(queue.keep), *beside.get(name, []), "--out", str(opts.out / topic(name)), "--name", name,
-                "--bootstrap-samples", opts.bootstrap_samples, *reference_args(refs),
-                "--title", title + progress(queue),
-                "--command", (europarl_split if "length" in name else "") + command(queue),
-                "--kind", "length" if "length" in name else "tables"]
+        args = [str(queue.keep), *beside.get(name, []), f"out={opts.out / topic(name)}", f"name={name}",
+                f"bootstrap_samples={opts.bootstrap_samples}", *reference_args(refs),
+                f"title={title + progress(queue)}",
+                f"command={(europarl_split if 'length' in name else '') + command(queue)}",
+                f"kind={'length' if 'length' in name else 'tables'}",
+                "overwrite=true"]  # regenerated: a page that changes only in its date line is left as it was
         with contextlib.redirect_stdout(io.StringIO()):  # relmt-report prints the whole markdown
             code = relmt_report(args)
         page_path = opts.out / topic(name) / (name + ".md")

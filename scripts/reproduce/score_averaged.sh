@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Is checkpoint averaging worth it? For each finished tuning run, translate the valid split with
 # its averaged.pt (the last train.average_last step checkpoints) and score it; the result goes to
-# RUN/averaged_valid.json and to the kept copy of the run, where `relmt-report --kind tuning`
+# RUN/averaged_valid.json and to the kept copy of the run, where `relmt-report ... kind=tuning`
 # shows it beside the last checkpoint's valid BLEU. Valid split only (issue 12: never tune on test).
 #   scripts/reproduce/score_averaged.sh runs/tune_multi30k/r1_drop0.1 ...    # DATA defaults to ../shared/data/multi30k
 set -euo pipefail

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
-"""Write the toy corpus as text files, {split}.src and {split}.tgt, for relmt-report --refs, with
-its gold word alignments, {split}.align and {split}.align_possible (Pharaoh "i-j" lines; see
-relmt/data/toy.py).
+"""Write the toy corpus as text files, {split}.src and {split}.tgt, for relmt-translate, relmt-score and
+relmt-report refs=, with its gold word alignments, {split}.align and {split}.align_possible (Pharaoh "i-j"
+lines; see relmt/data/toy.py).
 
 The toy corpus is generated from a seed (relmt/data/toy.py) and never stored; its runs translate
-the test and test_long splits. The report's paired tests and its repeated-word analysis read
-references and sources from files, so this writes them with the defaults of configs/data/toy.yaml
-(or the sizes given).
+the test and test_long splits. relmt-translate and relmt-score, and the report's paired tests and its
+repeated-word analysis, read sources and references from files, so this writes them with the defaults
+of configs/data/toy.yaml (or the sizes given): the sentences `make train` trains and scores on.
 
-    python scripts/reproduce/toy_corpus.py data/toy_text        # then: relmt-report ... --refs data/toy_text
+    python scripts/reproduce/toy_corpus.py data/toy_text    # = make toy-text; relmt-report ... refs=data/toy_text
 """
 
 from __future__ import annotations
