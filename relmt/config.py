@@ -205,7 +205,7 @@ class DataConfig:
     # length generalisation (Shaw §3.2: clipping lets a model meet lengths unseen in training)
     train_max_src_words: int = 0
     cache_dir: str = field(default_factory=default_cache_dir)  # data/cache in a checkout, else ~/.cache/relmt
-    num_proc: int = 1  # processes for datasets.map
+    num_proc: int = 1  # processes that encode the splits (relmt-prepare), 10,000 pairs a task
     # upper edges (source words) of the buckets for BLEU by source length, reported on the test splits
     length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
     # source=corpora: the corpora, each with its weight (docs/data.md, "Several corpora"). An epoch draws as

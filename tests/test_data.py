@@ -142,6 +142,43 @@ def test_prepare_encodes_caches_and_reuses(tmp_path, corpus_dir, caplog):
 
 
 
+def test_a_vocabulary_much_larger_than_the_pieces_in_use_is_warned_about(tmp_path, caplog, capsys):
+    """Issue 74 §4.6: data=text's data.vocab_size=8000 (bpe) on a 400-line corpus built thousands of pieces of
+    which a few hundred occur in the encoded training data; the rest are embedding rows never trained. The build
+    says how many occur and suggests a data.vocab_size (a multiple of 8 at or above that count)."""
+    import random
+
+    from relmt.data.prepare import run
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 10))) for _ in range(600)]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) for _ in range(400)]
+    for split, n in (("train", 400), ("valid", 20), ("test", 20)):
+        write_text(tmp_path / "corpus", split, lines[:n], lines[:n][::-1])
+    cfg = text_cfg(tmp_path, vocab_size=8000, spm_model_type=SpmModel.bpe)  # data=text's defaults
+    with caplog.at_level(logging.WARNING):
+        corpus = run(cfg)
+    pieces = corpus.tokenizer.vocab_size
+    used = {i for split in ("train",) for ids in (corpus.ids(split).src, corpus.ids(split).tgt) for i in ids.tolist()}
+    in_train = len(used - {0, 1, 2, 3})  # the special ids are not pieces of the text
+    assert in_train < (pieces - 4) / 2, (pieces, in_train)
+    said = re.search(r"data\.vocab_size=8000: only ([\d,]+) of the vocabulary's ([\d,]+) pieces occur in the "
+                     r"training data.*try data\.vocab_size=(\d+)", caplog.text)
+    assert said, caplog.text
+    assert int(said.group(1).replace(",", "")) == in_train and int(said.group(2).replace(",", "")) == pieces - 4
+    suggested = int(said.group(3))
+    assert suggested % 8 == 0 and in_train + 4 <= suggested < in_train + 4 + 8
+    assert f"; {in_train:,} of its {pieces - 4:,} text pieces" in capsys.readouterr().out  # relmt-prepare's summary
+    # a vocabulary the training data uses (the word model of the small fixture corpus) is not warned about
+    caplog.clear()
+    write_text(tmp_path / "small", "train", EN * 3, DE * 3)
+    write_text(tmp_path / "small", "valid", EN[:3], DE[:3])
+    write_text(tmp_path / "small", "test", EN[3:6], DE[3:6])
+    with caplog.at_level(logging.WARNING):
+        prepare(text_cfg(tmp_path, dir=str(tmp_path / "small")))
+    assert "occur in the training data" not in caplog.text
+
+
 def test_nul_character_names_file_and_line(tmp_path, corpus_dir):
     """A NUL used to pass silently and become <unk>; translate's input goes through decode_lines too."""
     (corpus_dir / "valid.de").write_bytes(b"die katze sitzt\nein h\x00und\nder vogel singt\n")

@@ -1,10 +1,14 @@
 """Prepared data: the sentencepiece model and every split encoded to token ids, cached on disk.
 
 `prepare(cfg)` returns a `Corpus`. The first call trains the vocabulary on the training split,
-encodes every split with `datasets.map(batched=True, num_proc=...)`, filters the training pairs,
-and saves all of it under `cache_dir/<name>-<hash>`: the sentences as Arrow, the token ids as flat
-.npy arrays. The hash covers the source, languages, splits, vocabulary and filter settings, and for
-local data the files' sizes and contents (not their paths or times: a copied corpus reuses the cache).
+encodes every split (in data.num_proc processes), filters the training pairs, and saves all of it
+under `cache_dir/<name>-<hash>`: the sentences as Arrow, the token ids as flat .npy arrays. Each
+step streams, a batch of 10,000 pairs at a time: text files are read in step into Arrow
+(relmt/data/sources.py), sentencepiece samples `spm_input_sentence_size` sentences from them, and
+each encoded batch is appended to the .npy files and the sentences' Arrow file as it comes, all
+read from files rather than memory maps, so that memory does not grow with the corpus (issue 74).
+The hash covers the source, languages, splits, vocabulary and filter settings, and for local data
+the files' sizes and contents (not their paths or times: a copied corpus reuses the cache).
 Later calls with the same settings load that folder in well under a second. The token ids are
 memory-mapped, so the ranks of a DDP job share one copy in the page cache instead of each holding
 the whole training split in RAM.
@@ -20,14 +24,17 @@ Evaluation splits are never filtered: their references must stay line-aligned.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -36,11 +43,10 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 
 from relmt.config import DataConfig, Source
-from relmt.data.sources import load_pairs, origin
+from relmt.data.sources import load_pairs, origin, record_batches
 from relmt.data.tokenizer import EOS_ID, Tokenizer, lang_tag, train_tokenizer
 from relmt.errors import UserError
 
@@ -234,36 +240,190 @@ def _encode(batch: dict, model_path: str, max_tokens: int, max_ratio: float, max
 
 
 def _training_sentences(ds: datasets.Dataset) -> Iterator[str]:
-    for batch in ds.iter(batch_size=10_000):
-        yield from (s for s in batch["src"] if s.strip())
-        yield from (t for t in batch["tgt"] if t.strip())
+    for batch in record_batches(ds):  # read from the file, not its memory map (record_batches says why)
+        yield from (s for s in batch.column("src").to_pylist() if s.strip())
+        yield from (t for t in batch.column("tgt").to_pylist() if t.strip())
 
 
-def _write_ids(table: pa.Table, keep: np.ndarray | None, folder: Path, split: str) -> None:
-    """Write the src_ids/tgt_ids list columns of `table` (rows where `keep`, if given) as the flat
-    arrays of SplitIds, one .npy each. Streams chunk by chunk: WMT's are gigabytes."""
-    for side in ("src", "tgt"):
-        column = table.column(f"{side}_ids")
-        lens = pc.list_value_length(column).to_numpy()
-        if keep is not None:
-            lens = lens[keep]
-        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        np.save(folder / f"{split}.{side}_offsets.npy", offsets)
-        values = np.lib.format.open_memmap(folder / f"{split}.{side}.npy", mode="w+", dtype=np.int32,
-                                           shape=(int(offsets[-1]),))
-        pos = row = 0
-        for chunk in column.chunks:
-            rows = slice(row, row + len(chunk))
-            row += len(chunk)
+def _encode_arrays(src: list[str], tgt: list[str], **kwargs) -> tuple[np.ndarray, ...]:
+    """_encode on one batch, as flat arrays: source ids (with EOS) and their lengths, target ids and their
+    lengths, and each pair's drop reason. A worker's answer: arrays pickle in one piece, lists item by item."""
+    out = _encode({"src": src, "tgt": tgt}, **kwargs)
+    arrays = []
+    for ids in (out["src_ids"], out["tgt_ids"]):
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        arrays += [np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum())), lens]
+    return (*arrays, np.asarray(out["drop"], dtype=np.int8))
+
+
+class _NpyWriter:
+    """A 1-D .npy file written piece by piece: a split's ids are never in memory at once. The same bytes as
+    np.save of the whole array: the header is written again with the length at the end, and keeps its size
+    (numpy pads a header for a length of any number of digits, so that it can be rewritten in place)."""
+
+    def __init__(self, path: Path, dtype: type) -> None:
+        self.dtype, self.n = np.dtype(dtype), 0
+        self.file = path.open("wb")
+        self._header()
+        self.start = self.file.tell()
+
+    def _header(self) -> None:
+        np.lib.format.write_array_header_1_0(self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                         "fortran_order": False, "shape": (self.n,)})
+
+    def write(self, values: np.ndarray) -> None:
+        values = np.ascontiguousarray(values, dtype=self.dtype)
+        self.file.write(values.data)
+        self.n += len(values)
+
+    def close(self) -> None:
+        self.file.seek(0)
+        self._header()
+        assert self.file.tell() == self.start, "the .npy header changed size"
+        self.file.close()
+
+
+class _IdsWriter:
+    """One side of a split's SplitIds (`{split}.{side}.npy` and `{split}.{side}_offsets.npy`), appended to."""
+
+    def __init__(self, folder: Path, split: str, side: str) -> None:
+        self.values = _NpyWriter(folder / f"{split}.{side}.npy", np.int32)
+        self.offsets = _NpyWriter(folder / f"{split}.{side}_offsets.npy", np.int64)
+        self.offsets.write(np.zeros(1, dtype=np.int64))
+        self.total = 0
+
+    def write(self, ids: np.ndarray, lens: np.ndarray) -> None:
+        ends = self.total + np.cumsum(lens, dtype=np.int64)
+        self.offsets.write(ends)
+        self.values.write(ids)
+        self.total = int(ends[-1]) if len(ends) else self.total
+
+    def close(self) -> None:
+        assert self.values.n == self.total, (self.values.n, self.total)
+        self.values.close()
+        self.offsets.close()
+
+
+TEXT_FEATURES = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
+
+
+def _text_files(folder: Path, names: list[str]) -> dict[str, Path]:
+    """`encoded/` as DatasetDict.save_to_disk writes it (state.json, dataset_info.json, one data file per split),
+    the data files holding no rows yet: _encode_split writes each split's sentences into its file as it encodes
+    them. (save_to_disk of the encoded splits would read every sentence once more, through a memory map.)"""
+    empty = datasets.DatasetDict({n: datasets.Dataset.from_dict({"src": [], "tgt": []}, features=TEXT_FEATURES)
+                                  for n in names})
+    empty.save_to_disk(str(folder), num_shards=dict.fromkeys(names, 1))
+    files = {}
+    for n in names:
+        (data,) = json.loads((folder / n / "state.json").read_text())["_data_files"]
+        files[n] = folder / n / data["filename"]
+    return files
+
+
+def _encoded(ds: datasets.Dataset, kwargs: dict, pool, num_proc: int) -> Iterator[tuple[pa.Table, tuple]]:
+    """(batch, _encode_arrays of it) for each batch of `ds`, in order; in `pool`'s worker processes if given,
+    at most 2 * num_proc batches at a time (Pool.imap would read the whole split ahead into its queue)."""
+    batches = record_batches(ds)
+    if pool is None:
+        for batch in batches:
+            yield batch, _encode_arrays(batch.column("src").to_pylist(), batch.column("tgt").to_pylist(), **kwargs)
+        return
+    pending: deque = deque()
+    for batch in batches:
+        pending.append((batch, pool.apply_async(_encode_arrays, (batch.column("src").to_pylist(),
+                                                                 batch.column("tgt").to_pylist()), kwargs)))
+        if len(pending) >= 2 * num_proc:
+            done, result = pending.popleft()
+            yield done, result.get()
+    while pending:
+        done, result = pending.popleft()
+        yield done, result.get()
+
+
+def _encode_split(cfg: DataConfig, name: str, ds: datasets.Dataset, out: Path, text_file: Path, kwargs: dict,
+                  pool, num_proc: int) -> dict:
+    """Encode one split a batch at a time, appending its ids to ids/*.npy and its sentences to `text_file`
+    (only the pairs kept: the training split's filters drop pairs, the evaluation splits keep all); return its
+    stats for meta.json. Nothing grows with the split but the counts."""
+    train, by_corpus = name == "train", "corpus" in ds.column_names  # corpus: source=corpora's whose-pair column
+    sides = {side: _IdsWriter(out / "ids", name, side) for side in ("src", "tgt")}
+    labels = _NpyWriter(out / "ids" / f"{name}.corpus.npy", np.int16) if by_corpus else None
+    reasons = np.zeros(max(REASONS) + 1, dtype=np.int64)
+    n_corpora = len(cfg.corpora)
+    corpus_pairs, corpus_kept = np.zeros(n_corpora, dtype=np.int64), np.zeros(n_corpora, dtype=np.int64)
+    with pa.OSFile(str(text_file)) as f:
+        schema = pa.ipc.open_stream(f).schema  # save_to_disk's, with datasets' features in its metadata
+    with pa.OSFile(str(text_file), "wb") as sink, pa.ipc.new_stream(sink, schema) as texts:
+        for batch, (src, src_lens, tgt, tgt_lens, drop) in _encoded(ds, kwargs, pool, num_proc):
+            reasons += np.bincount(drop, minlength=len(reasons))
+            keep = drop == KEEP if train and (drop != KEEP).any() else None
             if keep is not None:
-                chunk = chunk.filter(pa.array(keep[rows]))
-            flat = chunk.flatten().to_numpy()  # flatten(), not .values: a chunk may be a slice
-            values[pos:pos + len(flat)] = flat
-            pos += len(flat)
-        assert pos == len(values), (split, side, pos, len(values))
-        values.flush()
-        del values
+                src, src_lens = src[np.repeat(keep, src_lens)], src_lens[keep]
+                tgt, tgt_lens = tgt[np.repeat(keep, tgt_lens)], tgt_lens[keep]
+            sides["src"].write(src, src_lens)
+            sides["tgt"].write(tgt, tgt_lens)
+            table = pa.Table.from_arrays([batch.column(c).cast(pa.string()) for c in ("src", "tgt")], schema=schema)
+            texts.write_table(table if keep is None else table.filter(pa.array(keep)))
+            if by_corpus:
+                corpus = batch.column("corpus").to_numpy().astype(np.int16)
+                corpus_pairs += np.bincount(corpus, minlength=n_corpora)
+                corpus = corpus if keep is None else corpus[keep]
+                corpus_kept += np.bincount(corpus, minlength=n_corpora)
+                labels.write(corpus)
+    for writer in (*sides.values(), *([labels] if labels else [])):
+        writer.close()
+    pairs = int(reasons.sum())
+    if train:
+        dropped = {REASONS[r]: int(reasons[r]) for r in REASONS if reasons[r]}
+        if pairs and not reasons[KEEP]:
+            raise UserError(
+                f"{origin(cfg, 'train')}: every one of the {pairs} training pairs would be dropped "
+                f"({', '.join(f'{n} for {why}' for why, n in dropped.items())}); see "
+                f"data.max_tokens_per_side={cfg.max_tokens_per_side} and "
+                f"data.max_length_ratio={cfg.max_length_ratio}")
+        kept, empty = int(reasons[KEEP]), 0
+    else:  # evaluation splits keep every pair
+        dropped, kept, empty = {}, pairs, int(reasons[EMPTY])
+    stats = {"pairs": pairs, "kept": kept, "dropped": dropped, "empty_kept": empty}
+    if by_corpus:
+        stats["by_corpus"] = {c.name: {"pairs": int(corpus_pairs[i]), "kept": int(corpus_kept[i])}
+                              for i, c in enumerate(cfg.corpora)}
+    return stats
+
+
+N_SPECIAL = 4  # PAD, UNK, BOS, EOS (relmt/data/tokenizer.py): ids below it are no pieces of the text
+
+
+def pieces_in_use(folder: Path, split: str, vocab_size: int) -> int:
+    """How many of the vocabulary's pieces (the special ids left out) occur in a split's encoded ids, both
+    sides, read in chunks (WMT's are gigabytes), from the file rather than its memory map: the pages of a map
+    that have been read count in the process's resident memory."""
+    seen = np.zeros(vocab_size, dtype=bool)
+    for side in ("src", "tgt"):
+        path = folder / f"{split}.{side}.npy"
+        ids = np.load(path, mmap_mode="r")  # its header only: where the values start, and how many
+        offset, n, dtype = ids.offset, len(ids), ids.dtype
+        del ids
+        with path.open("rb") as f:
+            f.seek(offset)
+            for start in range(0, n, 1 << 22):
+                seen[np.fromfile(f, dtype=dtype, count=min(1 << 22, n - start))] = True
+    return int(seen[N_SPECIAL:].sum())
+
+
+def vocab_advice(cfg: DataConfig, pieces: int, in_use: int) -> str | None:
+    """A warning when under half of the vocabulary's pieces (`pieces`, specials left out) occur in the training
+    data: the others are embedding and output rows that training never sees. It suggests a data.vocab_size, the
+    pieces in use with the special ids, rounded up to a multiple of 8 (a smaller vocabulary makes sentencepiece
+    merge fewer pieces, so most of a vocabulary of that size does occur)."""
+    if in_use * 2 >= pieces:
+        return None
+    suggested = -(-(in_use + N_SPECIAL) // 8) * 8
+    return (f"data.vocab_size={cfg.vocab_size}: only {in_use:,} of the vocabulary's {pieces:,} pieces occur in the "
+            "training data (on few sentences, sentencepiece makes pieces its own encoding never uses), so the other "
+            f"{pieces - in_use:,} are embedding rows training never updates; try data.vocab_size={suggested} (the "
+            f"pieces in use and the {N_SPECIAL} special ids, rounded up to a multiple of 8)")
 
 
 def _drop_or_refuse_empty_splits(cfg: DataConfig, raw: datasets.DatasetDict) -> None:
@@ -285,9 +445,19 @@ def _drop_or_refuse_empty_splits(cfg: DataConfig, raw: datasets.DatasetDict) -> 
                             f"or leave it out with ~data.splits.{name} on the command line")
 
 
+RAW = "raw"  # the build folder's folder of the text splits as read (load_pairs' workdir); removed once encoded
+
+
+def _worker_pool(num_proc: int):
+    """data.num_proc processes for encoding, forked where the platform can (as datasets.map's were): the
+    parent's imports are already there."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else None).Pool(num_proc)
+
+
 def _build(cfg: DataConfig, out: Path) -> dict:
     t0 = time.perf_counter()
-    raw = load_pairs(cfg)
+    raw = load_pairs(cfg, out / RAW)
     log.info("loaded %s: %s", cfg.name, {name: len(ds) for name, ds in raw.items()})
     _drop_or_refuse_empty_splits(cfg, raw)
     t_load = time.perf_counter()
@@ -303,56 +473,29 @@ def _build(cfg: DataConfig, out: Path) -> dict:
                     normalization=cfg.spm_normalization.value, lowercase=cfg.lowercase,
                     user_symbols=sorted({lang_tag(tgt) for _, tgt in cfg.pairs()}) if cfg.lang_tags else ())
     t_spm = time.perf_counter()
-    features = datasets.Features({
-        "src": datasets.Value("string"), "tgt": datasets.Value("string"),
-        "src_ids": datasets.List(datasets.Value("int32")), "tgt_ids": datasets.List(datasets.Value("int32")),
-        "drop": datasets.Value("int8"),
-    })
     (out / "ids").mkdir()
-    stats, texts = {}, {}
-    for name, ds in raw.items():
-        by_corpus = "corpus" in ds.column_names  # source=corpora's training split: whose each pair is
-        ds = ds.map(_encode, batched=True, batch_size=2000, desc=f"encode {name}",
-                    features=datasets.Features({**features, "corpus": datasets.Value("int16")}) if by_corpus
-                    else features,
-                    num_proc=cfg.num_proc if len(ds) >= 10_000 else None,
-                    fn_kwargs=dict(model_path=str(spm_path), max_tokens=cfg.max_tokens_per_side,
-                                   max_ratio=cfg.max_length_ratio, max_src_words=cfg.train_max_src_words))
-        assert len(ds.data) == len(ds)  # map writes a new table: its rows are the dataset's rows
-        drop = ds.data.column("drop").to_numpy()
-        keep = None
-        if name == "train":
-            dropped = {REASONS[r]: int((drop == r).sum()) for r in REASONS if (drop == r).any()}
-            empty = 0
-            if dropped:
-                keep = drop == KEEP
-            if len(drop) and not (drop == KEEP).any():
-                raise UserError(
-                    f"{origin(cfg, 'train')}: every one of the {len(drop)} training pairs would be dropped "
-                    f"({', '.join(f'{n} for {why}' for why, n in dropped.items())}); see "
-                    f"data.max_tokens_per_side={cfg.max_tokens_per_side} and "
-                    f"data.max_length_ratio={cfg.max_length_ratio}")
-        else:  # evaluation splits keep every pair
-            dropped, empty = {}, int((drop == EMPTY).sum())
-        _write_ids(ds.data, keep, out / "ids", name)
-        stats[name] = {"pairs": len(drop), "kept": int(len(drop) if keep is None else keep.sum()), "dropped": dropped,
-                       "empty_kept": empty}
-        if by_corpus:
-            corpus = ds.data.column("corpus").to_numpy().astype(np.int16)
-            np.save(out / "ids" / f"{name}.corpus.npy", corpus if keep is None else corpus[keep])
-            names = [c.name for c in cfg.corpora]
-            stats[name]["by_corpus"] = {n: {"pairs": int((corpus == i).sum()),
-                                            "kept": int((corpus[keep] == i).sum() if keep is not None
-                                                        else (corpus == i).sum())} for i, n in enumerate(names)}
-            ds = ds.remove_columns(["corpus"])
-        ds = ds.remove_columns(["src_ids", "tgt_ids", "drop"])  # the ids live in ids/*.npy
-        texts[name] = ds if keep is None else ds.select(np.flatnonzero(keep))
+    text_files = _text_files(out / "encoded", list(raw))
+    kwargs = dict(model_path=str(spm_path), max_tokens=cfg.max_tokens_per_side, max_ratio=cfg.max_length_ratio,
+                  max_src_words=cfg.train_max_src_words)
+    stats = {}
+    with contextlib.ExitStack() as stack:
+        pool = None
+        for name, ds in raw.items():
+            if pool is None and cfg.num_proc > 1 and len(ds) >= 10_000:  # below, starting workers costs more
+                pool = stack.enter_context(_worker_pool(cfg.num_proc))
+            stats[name] = _encode_split(cfg, name, ds, out, text_files[name], kwargs,
+                                        pool if len(ds) >= 10_000 else None, cfg.num_proc)
     t_encode = time.perf_counter()
-    datasets.DatasetDict(texts).save_to_disk(str(out / "encoded"))
+    size = Tokenizer(spm_path).vocab_size
+    vocab = {"pieces": size - N_SPECIAL, "in_train": pieces_in_use(out / "ids", "train", size)}
+    if advice := vocab_advice(cfg, vocab["pieces"], vocab["in_train"]):
+        log.warning(advice)
+    del raw
+    shutil.rmtree(out / RAW, ignore_errors=True)  # the text splits as read (Arrow): the cache keeps encoded/
     t_end = time.perf_counter()
     return {"seconds_total": t_end - t0, "seconds_load": t_load - t0, "seconds_spm": t_spm - t_load,
             "seconds_encode": t_encode - t_spm, "seconds_save": t_end - t_encode,
-            "pairs_total": sum(st["pairs"] for st in stats.values()), "splits": stats}
+            "pairs_total": sum(st["pairs"] for st in stats.values()), "splits": stats, "vocab": vocab}
 
 
 def _publish(cfg: DataConfig, final: Path) -> None:

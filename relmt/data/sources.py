@@ -2,7 +2,8 @@
 
 Four sources yield the same shape (`DataConfig.source`):
 - toy: the synthetic language pair of relmt.data.toy, generated from a seed;
-- text: a folder of `{split}.{lang}` files, line i of one aligned with line i of the other;
+- text: a folder of `{split}.{lang}` files, line i of one aligned with line i of the other, read in step a
+  block at a time and written to Arrow as they are read (load_pairs' workdir): memory does not grow with them;
 - hf: `datasets.load_dataset` on a Hub id (WMT14, Multi30k, ...), or a local copy of the same
   shape: a `save_to_disk` folder or a folder of parquet/json files. Rows are either
   `{"translation": {lang: text}}` (WMT) or one column per language (Multi30k);
@@ -18,13 +19,18 @@ key. Other control characters are kept, with a warning that says how many and wh
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
+import os
 import re
+import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
+from datasets.table import InMemoryTable, MemoryMappedTable
 
 from relmt.config import DataConfig, Source, source_checkout
 from relmt.data.tokenizer import lang_tag
@@ -37,14 +43,19 @@ CONTROL = "\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
 _CONTROL_RE = re.compile(f"[{CONTROL}]")
 
 
-def load_pairs(cfg: DataConfig) -> datasets.DatasetDict:
-    """{canonical split: Dataset with columns src, tgt}; toy splits are train/valid/test/test_long."""
+def load_pairs(cfg: DataConfig, workdir: Path | None = None) -> datasets.DatasetDict:
+    """{canonical split: Dataset with columns src, tgt}; toy splits are train/valid/test/test_long.
+
+    Text files are read in step, a block at a time, into Arrow files in `workdir` (relmt-prepare's build
+    folder), so that memory does not grow with the corpus; without a workdir, into tables in memory.
+    source=corpora's training split is written there too, with its `corpus` column. Hugging Face data stay
+    in datasets' cache, toy data in memory."""
     if cfg.source == Source.corpora:
-        return _corpora(cfg)
+        return _corpora(cfg, workdir)
     if cfg.source == Source.toy:
         return _toy(cfg)
     if cfg.source == Source.text:
-        return _text(cfg)
+        return _text(cfg, workdir)
     return _hf(cfg)
 
 
@@ -75,6 +86,34 @@ def decode_lines(data: bytes, name: str, first_line: int = 1) -> list[str]:
     the first line of `data` as `first_line` (a chunk of a longer input). A byte-order mark that opens
     the file (first_line 1) is removed with a warning. Splits on '\\n' only: splitlines() would also
     split on U+2028 and friends and misalign a parallel corpus."""
+    control = _ControlTally()
+    lines = _decode(data, name, first_line, control)
+    control.warn(name)
+    return lines
+
+
+class _ControlTally:
+    """The control characters met in an input read in chunks: how many, and the line and character of the first."""
+
+    def __init__(self) -> None:
+        self.n, self.first = 0, None
+
+    def add(self, text: str, first_line: int) -> None:
+        first = _CONTROL_RE.search(text)
+        if first is None:
+            return
+        self.n += len(_CONTROL_RE.findall(text, first.start()))
+        if self.first is None:
+            self.first = (text.count("\n", 0, first.start()) + first_line, first.group())
+
+    def warn(self, name: str) -> None:
+        if self.n:
+            log.warning("%s: %d control character(s), the first on line %d (U+%04X); they are kept as they are",
+                        name, self.n, self.first[0], ord(self.first[1]))
+
+
+def _decode(data: bytes, name: str, first_line: int, control: _ControlTally) -> list[str]:
+    """decode_lines, the control characters counted into `control` instead of warned about."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -90,21 +129,35 @@ def decode_lines(data: bytes, name: str, first_line: int = 1) -> list[str]:
         column = nul - (text.rfind("\n", 0, nul) + 1) + 1
         raise UserError(f"{name}:{line}: NUL character (character {column} of the line); is this a binary "
                         "or UTF-16 file? Text must be UTF-8 without NUL")
-    _warn_control(text, name, first_line)
+    control.add(text, first_line)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it does not start a new one
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def _warn_control(text: str, name: str, first_line: int = 1) -> None:
-    first = _CONTROL_RE.search(text)
-    if first is None:
-        return
-    n = len(_CONTROL_RE.findall(text, first.start()))
-    line = text.count("\n", 0, first.start()) + first_line
-    log.warning("%s: %d control character(s), the first on line %d (U+%04X); they are kept as they are",
-                name, n, line, ord(first.group()))
+BLOCK_BYTES = 1 << 22  # iter_lines reads a file this many bytes at a time (and whole lines beyond)
+
+
+def iter_lines(path: Path, block: int | None = None) -> Iterator[list[str]]:
+    """The lines of a UTF-8 text file, as read_lines gives them, in runs of whole lines read `block` bytes at a
+    time: the file is never in memory at once. The same checks and messages as read_lines (invalid UTF-8 and
+    NUL name the file and line; the byte-order mark opening it is removed with a warning); the control
+    characters are counted over the whole file and warned about once, when it has been read to its end."""
+    name, line, control, pending, block = str(path), 1, _ControlTally(), [], block or BLOCK_BYTES
+    with path.open("rb") as f:
+        while data := f.read(block):
+            cut = data.rfind(b"\n") + 1  # a chunk ends at a line end: b"\n" is never inside a UTF-8 character
+            if not cut:  # a line longer than the block
+                pending.append(data)
+                continue
+            lines = _decode(b"".join([*pending, data[:cut]]), name, line, control)
+            pending = [data[cut:]] if cut < len(data) else []
+            line += len(lines)
+            yield lines
+        if pending:  # the last line, without a final newline
+            yield _decode(b"".join(pending), name, line, control)
+    control.warn(name)
 
 
 def corpus_config(cfg: DataConfig, i: int) -> DataConfig:
@@ -123,12 +176,12 @@ def valid_corpus(cfg: DataConfig) -> str:
     return cfg.valid_corpus or next(c.name for c in cfg.corpora if c.source == Source.toy or "valid" in c.splits)
 
 
-def _corpora(cfg: DataConfig) -> datasets.DatasetDict:
+def _corpora(cfg: DataConfig, workdir: Path | None = None) -> datasets.DatasetDict:
     out, trains, primary = {}, [], valid_corpus(cfg)
     for i, c in enumerate(cfg.corpora):
         sub = corpus_config(cfg, i)
         try:
-            raw = load_pairs(sub)
+            raw = load_pairs(sub, workdir)
         except UserError as e:  # its messages name the one-corpus keys (data.dir=...): say whose they are
             raise UserError(f"data.corpora[{i}] ({c.name}): {e}") from None
         for name in [n for n, d in raw.items() if c.source == Source.toy and n not in ("train", "valid")
@@ -142,13 +195,34 @@ def _corpora(cfg: DataConfig) -> datasets.DatasetDict:
                                                                              for s in b["src"]]},
                                                  batched=True, desc=f"tag {c.name} {n}")
                                         for n, d in raw.items()})
-        trains.append(raw["train"].add_column("corpus", [i] * len(raw["train"])))
+        trains.append(raw["train"])
         for name, ds in raw.items():
             if name != "train":
                 out["valid" if name == "valid" and c.name == primary else f"{c.name}_{name}"] = ds
     log.info("corpora: %s", ", ".join(f"{c.name} ({len(t)} training pairs, weight {c.weight:g})"
                                       for c, t in zip(cfg.corpora, trains)))
-    return datasets.DatasetDict({"train": datasets.concatenate_datasets(trains), **out})
+    return datasets.DatasetDict({"train": _labelled(trains, workdir, cfg.name), **out})
+
+
+LABELLED_SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string()), ("corpus", pa.int64())])
+
+
+def _labelled(trains: list[datasets.Dataset], workdir: Path | None, stem: str) -> datasets.Dataset:
+    """The corpora's training splits one after the other, with a `corpus` column: the index of each pair's
+    corpus. With a workdir, one Arrow file written batch by batch (so that relmt-prepare reads it as a file,
+    not a memory map: record_batches)."""
+    if workdir is None:
+        return datasets.concatenate_datasets([t.add_column("corpus", [i] * len(t)) for i, t in enumerate(trains)])
+    workdir.mkdir(parents=True, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=f"{stem}-train-", suffix=".arrow", dir=workdir)
+    os.close(fd)
+    with pa.ipc.new_stream(path, LABELLED_SCHEMA) as writer:
+        for i, train in enumerate(trains):
+            for table in record_batches(train):
+                columns = [table.column("src").cast(pa.string()), table.column("tgt").cast(pa.string()),
+                           pa.repeat(pa.scalar(i, pa.int64()), len(table))]
+                writer.write_table(pa.Table.from_arrays(columns, schema=LABELLED_SCHEMA))
+    return datasets.Dataset.from_file(path)
 
 
 def origin(cfg: DataConfig, name: str) -> str:
@@ -182,7 +256,7 @@ def multi30k_advice(folder: str) -> str:
             "to valid and test_2016_flickr to test)")
 
 
-def _text(cfg: DataConfig) -> datasets.DatasetDict:
+def _text(cfg: DataConfig, workdir: Path | None = None) -> datasets.DatasetDict:
     folder = Path(cfg.dir)
     if not folder.is_dir():
         hint = multi30k_advice(cfg.dir) if "multi30k" in str(cfg.dir) else ""
@@ -196,12 +270,90 @@ def _text(cfg: DataConfig) -> datasets.DatasetDict:
                 present = sorted(p.name for p in folder.iterdir() if p.is_file())
                 raise UserError(f"{path}: no such file (split '{split}' from data.splits.{name}, "
                                 f"language '{lang}' from {key}); {folder} holds {present}")
-        src, tgt = read_lines(paths[0]), read_lines(paths[1])
-        if len(src) != len(tgt):
-            raise UserError(f"{paths[0]} has {len(src)} lines but {paths[1]} has {len(tgt)}: "
-                            "the two sides of a split must be line-aligned")
-        out[name] = datasets.Dataset.from_dict({"src": src, "tgt": tgt})
+        out[name] = pairs_dataset(aligned_lines(*paths), workdir, f"{cfg.name}-{name}")
     return datasets.DatasetDict(out)
+
+
+# Rows of a record batch written by pairs_dataset and read by record_batches. It also orders sentencepiece's input
+# (each batch's sources, then its targets) as ds.iter(batch_size=10_000) did before issue 74: the sample, and so the
+# vocabulary, depend on that order (tests/test_prepare_stream.py).
+BATCH_ROWS = 10_000
+PAIR_SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
+
+
+def aligned_lines(src: Path, tgt: Path, rows: int = BATCH_ROWS) -> Iterator[tuple[list[str], list[str]]]:
+    """The lines of two line-aligned files, read in step, `rows` pairs at a time (iter_lines: neither file is
+    ever in memory). A side that ends first is an error naming both files and their line counts."""
+    sides = [itertools.chain.from_iterable(iter_lines(path)) for path in (src, tgt)]
+    done = 0
+    while True:
+        s, t = (list(itertools.islice(side, rows)) for side in sides)
+        if len(s) != len(t):  # the rest of the longer file is read (and checked) to count its lines
+            n_src, n_tgt = (done + len(x) + sum(1 for _ in side) for x, side in zip((s, t), sides))
+            raise UserError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: "
+                            "the two sides of a split must be line-aligned")
+        if not s:
+            return
+        done += len(s)
+        yield s, t
+
+
+def pairs_dataset(batches: Iterable[tuple[list[str], list[str]]], workdir: Path | None,
+                  stem: str) -> datasets.Dataset:
+    """A Dataset of src/tgt strings from (sources, targets) batches. With a `workdir`, an Arrow file in it,
+    written batch by batch (the corpus is never in memory; record_batches reads it back the same way); without
+    one, a table in memory."""
+    def batch(src: list[str], tgt: list[str]) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays([pa.array(src, pa.string()), pa.array(tgt, pa.string())],
+                                          schema=PAIR_SCHEMA)
+
+    if workdir is None:
+        return datasets.Dataset(InMemoryTable(pa.Table.from_batches([batch(s, t) for s, t in batches], PAIR_SCHEMA)))
+    workdir.mkdir(parents=True, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=f"{stem}-", suffix=".arrow", dir=workdir)
+    os.close(fd)
+    with pa.ipc.new_stream(path, PAIR_SCHEMA) as writer:
+        for s, t in batches:
+            writer.write_batch(batch(s, t))
+    return datasets.Dataset.from_file(path)
+
+
+def arrow_file(ds: datasets.Dataset) -> str | None:
+    """The Arrow file whose rows and columns are exactly `ds`'s (Dataset.from_file, as pairs_dataset and
+    datasets.map make them), or None."""
+    table = ds.data
+    if (ds._indices is None and isinstance(table, MemoryMappedTable)
+            and all(op == "replace_schema_metadata" for op, *_ in table.replays)):
+        return table.path
+    return None
+
+
+def record_batches(ds: datasets.Dataset, rows: int = BATCH_ROWS) -> Iterator[pa.Table]:
+    """`ds`'s rows as tables of `rows` rows (the last one shorter), as `ds.with_format("arrow").iter(rows)`
+    gives them. A dataset that is one Arrow file is read from the file instead of its memory map: each page of
+    a mapped file that has been read counts in the process's resident memory until the file is unmapped, so
+    one pass over the map of a 10M-pair corpus would add gigabytes to relmt-prepare's peak. Others (Hugging
+    Face data, toy data in memory) go through the map."""
+    path = arrow_file(ds)
+    if path is None:
+        yield from ds.with_format("arrow").iter(batch_size=rows)
+        return
+    with pa.OSFile(path) as f:
+        reader = pa.ipc.open_stream(f)
+        if reader.schema.names != ds.column_names:  # not the file it seemed: read the dataset instead
+            yield from ds.with_format("arrow").iter(batch_size=rows)
+            return
+        held: list[pa.RecordBatch] = []  # the file's batches may have another size (datasets.map writes 1000)
+        n = 0
+        for batch in reader:
+            held.append(batch)
+            n += batch.num_rows
+            while n >= rows:
+                table = pa.Table.from_batches(held, reader.schema)
+                yield table.slice(0, rows)
+                held, n = table.slice(rows).to_batches(), n - rows
+        if n:
+            yield pa.Table.from_batches(held, reader.schema)
 
 
 def _load_hf(cfg: DataConfig) -> datasets.DatasetDict:
