@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def test_an_aoti_package_of_another_torch_is_rebuilt_with_one_log_line(tmp_path,
         return directory
 
     compiled = []
-    monkeypatch.setattr(aoti, "export_aoti", lambda model, directory, quantization="float32":
+    monkeypatch.setattr(aoti, "export_aoti", lambda model, directory, quantization="float32", kept_in=None:
                         compiled.append(quantization) or compile_(model, directory))
     monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda path: (lambda *args: args))
     ck = tmp_path / "best.pt"
@@ -377,3 +378,59 @@ def test_aoti_compiles_for_the_cores_whatever_the_compiling_process_s_threads(tm
     meta = json.loads((tmp_path / "aoti.json").read_text())
     assert meta["threads"] == cores and meta["graphs"] == aoti.graphs.GRAPHS_VERSION  # which AotiModel checks
     assert engines.dependencies(Engine.aoti)["aoti threads"] == str(cores)
+
+
+def test_the_aoti_compile_says_what_it_does_and_silences_inductors_autotune_report(tmp_path, monkeypatch, caplog,
+                                                                                    capsys):
+    """The first engine=aoti use compiled for minutes with no progress line, and printed inductor's report of each
+    autotuned GEMM, a JSON blob after "Autotune Choices Stats:" (issue 74 §4). Now a line before each graph names it
+    and where the packages are kept, one after it gives its time, and the report is off. The compile is a stand-in
+    that writes the report as torch does, under the configs relmt gives it; that torch writes it only under the
+    config relmt turns off is read from torch's source."""
+    import inspect
+    import re
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor import select_algorithm
+
+    from relmt.export import aoti
+
+    assert "Autotune Choices Stats" in inspect.getsource(select_algorithm._log_autotune_choices_stats)
+    assert re.search(r"if config\.max_autotune_report_choices_stats:\s+_log_autotune_choices_stats\(",
+                     inspect.getsource(select_algorithm))
+
+    def compile_and_package(program, package_path, inductor_configs):
+        with inductor_config.patch(inductor_configs):  # an unknown config is an AttributeError here, as in torch
+            if inductor_config.max_autotune_report_choices_stats:
+                sys.stderr.write('Autotune Choices Stats:\n{"num_choices": 2, "best_kernel": "cpp_template"}\n')
+        Path(package_path).write_bytes(b"")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)
+    monkeypatch.setattr(aoti, "check_compiler", lambda: "g++")
+    caplog.set_level(logging.WARNING, logger=aoti.__name__)
+    kept = tmp_path / "best.pt.engines" / "aoti-0123"
+    aoti.export_aoti(random_model(model_config(), 40, seed=0), tmp_path / "build", kept_in=kept)
+    assert "Autotune Choices Stats" not in capsys.readouterr().err
+    lines = [r.getMessage() for r in caplog.records if r.name == aoti.__name__]
+    graphs = ("encoder", "step", "search", "search_small")
+    for i, name in enumerate(graphs):
+        assert f"engine=aoti: compiling the {name} graph ({i + 1} of 4; a few minutes in all" in lines[2 * i]
+        assert str(kept) in lines[2 * i]
+        assert re.fullmatch(rf"engine=aoti: compiled the {name} graph in \d+ s", lines[2 * i + 1])
+    assert re.fullmatch(r"engine=aoti: compiled 4 graphs in [\d.]+ minutes", lines[8])
+
+
+def test_an_engine_artefact_s_aoti_compile_names_the_artefact_not_its_build_folder(tmp_path, monkeypatch):
+    """The log lines name where the packages stay: the artefact folder, not the hidden build folder they are
+    compiled in (relmt-export: its output=)."""
+    import relmt.export.aoti as aoti
+
+    kept = []
+    monkeypatch.setattr(aoti, "export_aoti", lambda model, directory, quantization="float32", kept_in=None:
+                        kept.append((Path(directory), kept_in)) or directory)
+    monkeypatch.setattr(aoti, "AotiModel", lambda directory: Path(directory))
+    ck = tmp_path / "best.pt"
+    ck.write_bytes(b"stand-in")
+    target = engines.graph_model(Engine.aoti, None, ck, CHECKSUM_A)
+    assert kept[0][1] == target and kept[0][0] != target and kept[0][0].name.startswith(f".{target.name}.")
+    assert engines.BUILDING.get() is None

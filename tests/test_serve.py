@@ -252,6 +252,31 @@ def test_the_output_length_set_at_start_is_relmt_translates(ckpt, tmp_path):
             s.stop()
 
 
+def test_decoding_defaults_set_at_start_are_what_a_request_without_options_gets(ckpt, tmp_path):
+    """beam=2 nbest=2 at start (issue 74 §4: "beam=4" was refused, "did you mean max_beam?"): a request without
+    options gets 2-best lists of a beam of 2, relmt-translate's for those settings; its options replace them one by
+    one."""
+    from relmt.decode.translator import Translator
+
+    sentences = ["the dog saw the cat", "bob ran"]
+    want = Translator.from_checkpoint(ckpt).translate_nbest(sentences, beam=2, nbest=2)
+    s = Server(ckpt, tmp_path / "defaults.log", "beam=2", "nbest=2", "lenpen=0.6")
+    try:
+        r = post(s, {"text": sentences})
+        assert r.status_code == 200, r.text
+        got = r.json()["nbest"]
+        assert [[h["translation"] for h in hs] for hs in got] == [[t for t, _ in w] for w in want]
+        assert [h["score"] for hs in got for h in hs] == pytest.approx([sc for w in want for _, sc in w], abs=1e-4)
+        one = post(s, {"text": sentences, "options": {"nbest": 1}})
+        assert one.status_code == 200 and "nbest" not in one.json(), one.text
+        wider = post(s, {"text": sentences[0], "options": {"beam": 3}})  # nbest stays the server's 2
+        assert wider.status_code == 200 and len(wider.json()["nbest"][0]) == 2, wider.text
+        narrow = post(s, {"text": sentences[0], "options": {"beam": 1}})  # the server's nbest 2 over beam 1
+        assert narrow.status_code == 422 and "nbest" in narrow.json()["error"], narrow.text
+    finally:
+        s.stop()
+
+
 def test_batch_by_batch_requests_queued_behind_a_busy_decoder_share_a_batch(ckpt, tmp_path):
     """continuous=false: four one-sentence requests that queue behind a busy decoder are decoded as one batch."""
     s = Server(ckpt, tmp_path / "batch.log", "continuous=false")
@@ -649,6 +674,14 @@ def test_other_hosts_need_an_api_key_and_it_is_checked_before_binding(ckpt):
     (["cors_origins=http://127.0.0.1:8080/"], "cors_origins: 'http://127.0.0.1:8080/' is not an origin"),
     (["cors_origins=[127.0.0.1:8080]"], "cors_origins: '127.0.0.1:8080' is not an origin"),
     (["cors_origins=*"], "cors_origins=*: not a value YAML can read"),  # a YAML alias: a traceback before
+    # the decoding defaults (issue 74 §4): "beam: no such argument (did you mean max_beam?)" before
+    (["beam=9"], "beam=9: more than max_beam=8, the beam a request may ask for at most"),
+    (["beam=4", "max_beam=2"], "beam=4: more than max_beam=2"),
+    (["nbest=9"], "nbest=9: more than max_beam=8"),
+    (["beam=2", "nbest=3"], "nbest=3: must be in [1, beam=2], got 3"),
+    (["lenpen=-1"], "lenpen=-1.0: must be in [0,"),
+    (["length_norm=cubic"], "length_norm=cubic: must be one of gnmt, power"),
+    (["sampling=false", "topk=5"], "topk=5: applies only when sampling"),
 ])
 def test_bad_arguments_are_said_before_anything_loads(ckpt, args, message, monkeypatch):
     from relmt.serve.main import serve
@@ -656,6 +689,26 @@ def test_bad_arguments_are_said_before_anything_loads(ckpt, args, message, monke
     monkeypatch.delenv("RELMT_SERVE_API_KEY", raising=False)
     with pytest.raises(UserError, match=re.escape(message)):
         serve([f"checkpoint={ckpt}", *args])
+
+
+def test_the_decoding_defaults_are_checked_over_the_checkpoint_s_decode_config():
+    """What needs the checkpoint's own settings is checked as it loads: nbest over the checkpoint's beam, and a
+    checkpoint beam over max_beam, which would have every request without a beam of its own refused."""
+    from relmt.config import DecodeConfig
+    from relmt.serve.args import DECODING_KEYS, ServeArgs, server_decode
+    from relmt.serve.requests import Options
+
+    assert set(DECODING_KEYS) == set(Options.model_fields)  # every option a request may set has a default here
+    checkpoint = DecodeConfig(beam=4, nbest=1, lenpen=0.6)
+    assert server_decode(checkpoint, ServeArgs()) == checkpoint
+    got = server_decode(checkpoint, ServeArgs(beam=2, nbest=2, lenpen=1.0, length_norm="power", max_len_b=5))
+    assert (got.beam, got.nbest, got.lenpen, got.length_norm.value, got.max_len_b) == (2, 2, 1.0, "power", 5)
+    with pytest.raises(UserError, match=re.escape("nbest=3: must be in [1, beam=2], got 3 (the settings given at "
+                                                  "start, over the checkpoint's decode config)")):
+        server_decode(DecodeConfig(beam=2), ServeArgs(nbest=3))
+    with pytest.raises(UserError, match=re.escape("the checkpoint's decode.beam=10 is more than max_beam=8")):
+        server_decode(DecodeConfig(beam=10), ServeArgs())
+    assert server_decode(DecodeConfig(beam=10), ServeArgs(beam=8)).beam == 8
 
 
 def test_a_missing_checkpoint_is_said_before_binding(tmp_path, monkeypatch):
@@ -703,6 +756,55 @@ def test_a_full_queue_answers_503_and_sigterm_answers_every_accepted_request(ckp
         assert s.proc.wait(30) == 0, s.text()
     finally:
         s.stop()
+
+
+def test_requests_on_kept_alive_connections_during_the_drain_get_503_not_a_reset(ckpt, tmp_path):
+    """After SIGTERM, uvicorn closed every idle keep-alive connection at once: a request a client sent on one met a
+    closed connection (issue 74 §4: resets instead of 503s). Now they stay open while the accepted requests are
+    answered, and a request on one gets 503 + Retry-After + `Connection: close`; the client's next request then
+    needs a new connection, which is refused (the listening socket is closed): a clean ConnectError, not a reset.
+    Two slow requests keep the drain going for about four seconds."""
+    s = Server(ckpt, tmp_path / "drain.log", "shutdown_deadline_s=30")
+    clients = [httpx.Client(base_url=s.url, timeout=30) for _ in range(4)]
+    try:
+        for c in clients:  # each now holds an idle kept-alive connection
+            assert c.post("/v1/translate", json={"text": "bob ran"}).status_code == 200
+        slow = in_threads_started([lambda i=i: post(s, {"text": f"RELMT_TEST_SLOW a {i}"}) for i in range(2)])
+        s.wait_metric("relmt_serve_requests_in_progress", 2)
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        for c in clients:
+            r = c.post("/v1/translate", json={"text": "late"})
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+            assert r.headers["connection"] == "close" and "shutting down" in r.json()["error"]
+        assert any(t.is_alive() for t, _ in slow)  # the drain was still going: a slow one not yet answered
+        with pytest.raises(httpx.ConnectError):  # its connection closed as said; no new one is accepted
+            clients[0].post("/v1/translate", json={"text": "later"})
+        for t, _ in slow:
+            t.join(60)
+        assert [r[0].status_code for _, r in slow] == [200, 200], [r[0] for _, r in slow]
+        assert s.proc.wait(30) == 0, s.text()
+    finally:
+        for c in clients:
+            c.close()
+        s.stop()
+
+
+def in_threads_started(calls: list) -> list:
+    """Each call started in its own thread: (thread, [its result or exception, once it has ended])."""
+    started = []
+    for call in calls:
+        box: list = [None]
+
+        def run(call=call, box=box):
+            try:
+                box[0] = call()
+            except Exception as e:  # noqa: BLE001 - reported to the test
+                box[0] = e
+        thread = threading.Thread(target=run)
+        thread.start()
+        started.append((thread, box))
+    return started
 
 
 def test_requests_cut_off_at_the_shutdown_deadline_are_counted_not_dropped_silently(ckpt, tmp_path):

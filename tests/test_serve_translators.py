@@ -152,6 +152,33 @@ def test_bad_fields_get_a_clear_4xx_naming_them(server, body, status, field):  #
     still_serving(server)
 
 
+def test_a_beam_too_narrow_for_a_sentence_s_constraints_is_warned_of_in_the_answer(server):  # noqa: F811
+    """The warning relmt-translate logs reached the server's log only (issue 74 §4): the answer's `warnings` names
+    each sentence it is about, and an answer with nothing to warn of has none."""
+    body = ok(server, {"text": ["the dog saw the cat", "bob ran", ""], "constraints": [["wo", "buko"], ["ga"], []],
+                       "options": {"beam": 2}})
+    assert body["warnings"] == [{"sentence": 0, "message": "text[0]: constraints with beam=2: a beam narrower than "
+                                 "its sentence's phrases + 1 (3) has no room beside the banks that make progress, "
+                                 "and output tends to place the phrases at once; use beam=4 or more"}]
+    assert len(body["translations"]) == 3 and body["unmet"][2] is None
+    one = ok(server, {"text": "bob ran", "constraints": ["buko", "ga"], "options": {"beam": 2, "nbest": 2}})
+    assert [w["sentence"] for w in one["warnings"]] == [0]
+    assert one["warnings"][0]["message"].startswith("text: constraints with beam=2: a beam narrower")
+    assert "warnings" not in ok(server, {"text": ["bob ran"], "constraints": [["buko", "ga"]], "options": {"beam": 3}})
+    assert "warnings" not in ok(server, {"text": ["bob ran"]})
+
+
+def test_a_source_cut_to_max_source_len_is_warned_of_per_sentence():
+    from relmt.config import DecodeConfig
+    from relmt.serve.requests import TranslateRequest
+
+    req = TranslateRequest(["a b c d", "x", ""], DecodeConfig(max_source_len=3))
+    assert req.warnings([[5, 6, 7, 8], [9], []]) == [
+        {"sentence": 0, "message": "text[0]: the source has 4 tokens, more than max_source_len=3; decoding only its "
+                                   "first 3"}]
+    assert TranslateRequest(["a"], DecodeConfig(max_source_len=0), single=True).warnings([[5] * 2000]) == []
+
+
 def test_a_ctranslate2_server_refuses_constraints_and_takes_a_prefix():
     from relmt.config import DecodeConfig
     from relmt.serve.args import ServeArgs

@@ -57,6 +57,18 @@ MAX_PHRASES = 16  # phrases per sentence
 MAX_PIECES = 64  # sentencepiece pieces per sentence, over all its phrases
 
 
+def narrow_beam(beam: int, phrases: int) -> str | None:
+    """The warning for a beam search of width `beam` over a sentence with `phrases` constraint phrases, None where
+    it has room: dynamic beam allocation shares the beam among the banks (Hu et al.), and a beam no wider than the
+    phrases leaves none beside the banks that make progress. relmt.decode.translator logs it (for a batch's most
+    phrases); relmt-serve returns it in the answer, naming the sentence."""
+    if not phrases or beam > phrases:
+        return None
+    return (f"constraints with beam={beam}: a beam narrower than its sentence's phrases + 1 ({phrases + 1}) has no "
+            "room beside the banks that make progress, and output tends to place the phrases at once; use "
+            f"beam={max(4, phrases + 1)} or more")
+
+
 @dataclass(frozen=True)
 class Forced:
     """Per sentence (m of them, K beams each): `prefix` (m, P) ids and `phrases` (m, C, L) ids, padded with NONE;

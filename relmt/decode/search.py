@@ -77,14 +77,21 @@ def nbest_search(model: Transformer | Ensemble, src: Tensor, cfg: DecodeConfig,
                        constraints=constraints, ordered=ordered, stop=stop)
 
 
+def cut_source(tokens: int, cap: int) -> str | None:
+    """The warning for a source of `tokens` tokens under max_source_len=`cap` (0 = no cap), None if it fits:
+    `capped_lengths` logs it, naming the line; relmt-serve returns it in the answer, naming the sentence."""
+    if not cap or tokens <= cap:
+        return None
+    return f"the source has {tokens} tokens, more than max_source_len={cap}; decoding only its first {cap}"
+
+
 def capped_lengths(sources: Sequence[np.ndarray | list[int]], cap: int, name: str, first_line: int) -> np.ndarray:
     """The token count of each source, cut to `cap` (0 = no cap) with a warning naming each source
     cut as line `first_line + i` of `name`."""
     lens = np.array([len(x) for x in sources], dtype=np.int64)
     if cap:
         for i in np.flatnonzero(lens > cap):
-            log.warning("%s:%d: the source has %d tokens, more than max_source_len=%d; decoding only its first %d",
-                        name, first_line + i, lens[i], cap, cap)
+            log.warning("%s:%d: %s", name, first_line + i, cut_source(int(lens[i]), cap))
         lens = np.minimum(lens, cap)
     return lens
 

@@ -45,7 +45,7 @@ from relmt.data.tokenizer import PAD_ID, Tokenizer, lang_tag
 from relmt.decode.alignment import pharaoh, word_links, words_of_text
 from relmt.decode.beam import Hypothesis
 from relmt.decode.compiled import compile_decoding
-from relmt.decode.constraints import MAX_PHRASES, MAX_PIECES
+from relmt.decode.constraints import MAX_PHRASES, MAX_PIECES, narrow_beam
 from relmt.decode.ensemble import Ensemble
 from relmt.decode.reference import ReferenceScore, score_references
 from relmt.decode.search import decode_sources
@@ -285,10 +285,8 @@ class Translator:
                                     "sentence (each raises the search's cost)")
         if constraint_ids is not None and not cfg.sampling:
             most = max((sum(1 for x in ids_ if x) for ids_ in constraint_ids), default=0)
-            if most and cfg.beam <= most:  # dynamic beam allocation shares the beam among the banks (Hu et al.)
-                log.warning("constraints with beam=%d: a beam narrower than its sentence's phrases + 1 (%d) has no "
-                            "room beside the banks that make progress, and output tends to place the phrases at "
-                            "once; use beam=%d or more", cfg.beam, most + 1, max(4, most + 1))
+            if warning := narrow_beam(cfg.beam, most):  # dynamic beam allocation shares the beam among the banks
+                log.warning("%s", warning)
         if prefix_ids is not None and not cfg.sampling:  # forced as encoded: an <unk> in it would be forced too
             unk = self.tokenizer.sp.unk_id()
             for i, (prefix, x) in enumerate(zip(prefixes, prefix_ids)):

@@ -7,14 +7,19 @@ step.pt2 and search.pt2 (the step with the beam search's own step: one call per 
 graph again for steps of few rows (search_small.pt2, SMALL_ROWS), beside aoti.json (the shapes the engine needs).
 `AotiModel` loads them with `torch._inductor.aoti_load_package` and runs them as a `GraphModel`, so every search and
 decoding option works on top of it (an export without search.pt2, made before it existed, runs the search step in
-Python). The compile needs a C++ compiler (g++ or clang++) and takes tens of seconds per graph; the packages then
-run in any process with the same torch version, on the threads torch is given.
+Python). The compile needs a C++ compiler (g++ or clang++) and takes a few minutes in all (3 at the first
+engine=aoti use of issue 74 §4); a log line says which graph it compiles, and another how
+long it took, and inductor's own report of each autotuned GEMM ("Autotune Choices Stats", written to stderr) is
+turned off (QUIET). The packages then run in any process with the same torch version, on the threads torch is
+given.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -26,6 +31,8 @@ from relmt.export import graphs
 from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph, examples, search_examples, shape_of
 from relmt.model.transformer import Transformer
 
+log = logging.getLogger(__name__)
+
 FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_small.pt2, where the export has them
 AOTI_VERSION = 4  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK
 # (a change makes a new artefact: relmt/export/engines.py's dependencies)
@@ -35,6 +42,9 @@ AOTI_VERSION = 4  # 2: search_small.pt2; 3: kernels split for the machine's core
 # beam 4 (docs/results/engines/aoti_small_rows.md: faster at one sentence, slower from two).
 SMALL_ROWS = 4
 SMALL_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "autotune_num_choices_displayed": 0}
+# Inductor writes each autotuned GEMM's choices and timings to stderr as a JSON blob after "Autotune Choices Stats:"
+# (torch/_inductor/select_algorithm.py, _log_autotune_choices_stats) unless this config is off: noise to a user.
+QUIET = {"max_autotune_report_choices_stats": False}
 
 
 def check_compiler() -> str:
@@ -67,12 +77,16 @@ def compile_threads() -> int:
 
 
 @torch.no_grad()
-def export_aoti(model: Transformer, directory: str | Path, quantization: str = "float32") -> Path:
+def export_aoti(model: Transformer, directory: str | Path, quantization: str = "float32",
+                kept_in: str | Path | None = None) -> Path:
     """Compile encoder.pt2, step.pt2, search.pt2 and search_small.pt2 and write aoti.json into `directory`; with
     quantization=int8, of a copy with int8 linear maps (relmt/export/quantize.py), without search_small.pt2
-    (inductor's GEMM template autotunes float32 products; an int8 one stays an `_int_mm`)."""
+    (inductor's GEMM template autotunes float32 products; an int8 one stays an `_int_mm`). A log line (WARNING: the
+    CLIs show no INFO) before each graph names it and where the packages are kept (`kept_in`: the folder
+    `directory` becomes, where it is a build folder; default `directory`), and one after it its time."""
     check_compiler()
     directory = Path(directory)
+    kept_in = Path(kept_in) if kept_in is not None else directory
     directory.mkdir(parents=True, exist_ok=True)
     model = model.float().cpu().eval()
     if quantization == "int8":
@@ -83,20 +97,27 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
         raise UserError(f"quantization={quantization}: engine=aoti compiles float32 or int8 weights")
     src, step, encoder_dims, step_dims = examples(model)
     search, search_dims = search_examples(model)
+    todo = [("encoder", EncoderGraph(model), src, encoder_dims, {}), ("step", StepGraph(model), step, step_dims, {}),
+            ("search", SearchGraph(model), search, search_dims, {}),
+            *([("search_small", SearchGraph(model), search, search_dims, SMALL_CONFIGS)]
+              if quantization == "float32" else [])]
+    began = time.perf_counter()
     with warnings.catch_warnings():  # the compiler's deprecation chatter is not the user's business
         warnings.simplefilter("ignore")
-        for name, module, args, dims, configs in (("encoder", EncoderGraph(model), src, encoder_dims, {}),
-                                                  ("step", StepGraph(model), step, step_dims, {}),
-                                                  ("search", SearchGraph(model), search, search_dims, {}),
-                                                  *([("search_small", SearchGraph(model), search, search_dims,
-                                                      SMALL_CONFIGS)] if quantization == "float32" else [])):
+        for number, (name, module, args, dims, configs) in enumerate(todo, 1):
+            log.warning("engine=aoti: compiling the %s graph (%d of %d; a few minutes in all, done once: the "
+                        "packages are kept in %s)", name, number, len(todo), kept_in)
+            start = time.perf_counter()
             program = torch.export.export(module, args, dynamic_shapes=dims)
             tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
             # freezing: the weights become constants, prepacked for oneDNN's GEMMs (1.5x faster decoder steps
             # at 32 sentences per batch on a CPU; docs/results/engines/engines_cpu.md)
             torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs={
-                "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **configs})
+                "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **QUIET,
+                **configs})
             os.replace(tmp, directory / f"{name}.pt2")
+            log.warning("engine=aoti: compiled the %s graph in %.0f s", name, time.perf_counter() - start)
+    log.warning("engine=aoti: compiled %d graphs in %.1f minutes", len(todo), (time.perf_counter() - began) / 60)
     meta = shape_of(model) | {"torch": torch.__version__, "graphs": graphs.GRAPHS_VERSION, "quantization": quantization,
                               "threads": compile_threads()}
     (directory / "aoti.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -29,6 +29,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextvars import ContextVar
 from enum import Enum
 from pathlib import Path
 
@@ -37,6 +38,9 @@ import torch
 log = logging.getLogger(__name__)
 
 RECORD = "relmt_artefact.json"  # in each artefact: the checkpoint and the versions its key was made of
+# the artefact folder ensure_artefact is building, while its `write` runs in a build folder beside it: what the
+# aoti compile's log lines name as where the packages are kept
+BUILDING: ContextVar[Path | None] = ContextVar("BUILDING", default=None)
 KEEP_UNUSED_S = 300  # an older artefact goes once unused this long (5 minutes: far longer than any load takes)
 DEAD_BUILD_S = 86400  # a hidden build folder this old was left by a killed process
 
@@ -279,7 +283,11 @@ def ensure_artefact(checkpoint: Path, engine: Engine, checksum: str, write, verb
         record = {"checkpoint": str(checkpoint), "checksum": checksum, **deps}
 
         def write_all(folder: Path) -> None:
-            write(folder)
+            building = BUILDING.set(target)
+            try:
+                write(folder)
+            finally:
+                BUILDING.reset(building)
             (folder / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
         build_artefact(target, write_all, tmp)
@@ -291,16 +299,18 @@ def ensure_artefact(checkpoint: Path, engine: Engine, checksum: str, write, verb
     return target
 
 
-def write_graphs(engine: Engine, model, directory: Path, quantization: str = "float32") -> Path:
+def write_graphs(engine: Engine, model, directory: Path, quantization: str = "float32",
+                 kept_in: Path | None = None) -> Path:
     """The graphs of onnx or aoti for `model`, written into `directory` (aoti: with int8 linear maps where
-    `quantization` is int8)."""
+    `quantization` is int8); `kept_in`: the folder `directory` becomes, named in aoti's log lines (default: the
+    artefact ensure_artefact is building, else `directory`)."""
     if engine == Engine.onnx:
         from relmt.export.onnx import export_onnx
 
         return export_onnx(model, directory)
     from relmt.export.aoti import export_aoti
 
-    return export_aoti(model, directory, quantization)
+    return export_aoti(model, directory, quantization, kept_in=kept_in or BUILDING.get())
 
 
 def graph_model(engine: Engine, model, checkpoint: Path, checksum: str, threads: int = 0,
@@ -341,7 +351,7 @@ def export_checkpoint(checkpoint_path: str | Path, output_dir: str | Path, engin
     checkpoint.load_model_state(model, ck["model"], Path(checkpoint_path))
 
     def write(tmp: Path) -> None:
-        write_graphs(engine, model, tmp, quantization)
+        write_graphs(engine, model, tmp, quantization, kept_in=out)
         (tmp / "sentencepiece.model").write_bytes(tokenizer.model_bytes())
         (tmp / INFO_FILE).write_text(json.dumps({"checkpoint": str(checkpoint_path), "format": engine.value,
                                                  "quantization": quantization,

@@ -104,11 +104,13 @@ async def wait_for(request: Request, job) -> list:
     raise ClientLeft(dropped)
 
 
-def answer(results: list, nbest: int, asks: Asks) -> dict:
+def answer(results: list, nbest: int, asks: Asks, warnings: list[dict] | None = None) -> dict:
     """Best translation and its score per sentence (score null for an empty sentence), with n-best
     lists when nbest > 1; all in input order. Where asked (issue 60), the best one's word alignment
     (`alignments`) and token scores (`token_scores`), and with constraints the count it misses (`unmet`),
-    one per sentence (null for an empty one); each n-best entry has its own `alignment`, `token_scores`, `unmet`."""
+    one per sentence (null for an empty one); each n-best entry has its own `alignment`, `token_scores`, `unmet`.
+    Where the decoding warned of something (TranslateRequest.warnings: a source cut to max_source_len, a beam too
+    narrow for a sentence's constraints), `warnings`: [{"sentence": i, "message": "text[i]: ..."}, ...]."""
     fields = [(plural, key) for plural, key, asked in (("alignments", "alignment", asks.alignments),
                                                        ("token_scores", "token_scores", asks.token_scores),
                                                        ("unmet", "unmet", asks.constraints is not None)) if asked]
@@ -119,6 +121,8 @@ def answer(results: list, nbest: int, asks: Asks) -> dict:
     if nbest > 1:
         body["nbest"] = [[{"translation": t.text, "score": t.score, **{key: getattr(t, key) for _, key in fields}}
                           for t in hyps] for hyps in results]
+    if warnings:
+        body["warnings"] = warnings
     return body
 
 
@@ -254,4 +258,4 @@ async def translate_response(request: Request, state: State) -> Response:
         return Response(status_code=499)  # nobody reads it: the client has gone
     finally:
         metrics.in_progress.dec()
-    return JSONResponse(answer(results, req.decode.nbest, req.asks))
+    return JSONResponse(answer(results, req.decode.nbest, req.asks, req.warnings(job.ids)))

@@ -60,11 +60,27 @@ class ServeArgs:
     max_len_a: float | None = None
     max_len_b: int | None = None
     min_len: int | None = None
+    # the decoding defaults, over the checkpoint's decode config (relmt-translate's decode keys of the same names):
+    # what a request without options gets, and what a request's options replace one by one (docs/serving.md,
+    # "Decoding defaults"); None: the checkpoint's. beam is at most max_beam, nbest at most beam
+    beam: int | None = None
+    nbest: int | None = None
+    lenpen: float | None = None
+    length_norm: str | None = None  # gnmt | power
+    eos_candidates: str | None = None  # t2t | fairseq
+    sampling: bool | None = None
+    topk: int | None = None
+    topp: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
     shutdown_deadline_s: float = 30.0  # on SIGTERM: time to answer the requests already accepted
     log_level: str = "warning"  # uvicorn's: critical | error | warning | info | debug
 
 
 LENGTH_KEYS = ("max_len_a", "max_len_b", "min_len")
+# the decoding options a request may set (relmt/serve/requests.py Options), each with a server-side default
+DECODING_KEYS = ("beam", "nbest", "lenpen", "length_norm", "eos_candidates", "sampling", "topk", "topp", "temperature",
+                 "seed")
 
 
 def length_overrides(args: ServeArgs) -> dict:
@@ -77,6 +93,44 @@ def length_overrides(args: ServeArgs) -> dict:
     except ValueError as e:  # a negative length, named as decode.<key>
         raise UserError(str(e)) from None
     return over
+
+
+def decoding_overrides(args: ServeArgs) -> dict:
+    """The decoding defaults given at start, checked before the checkpoint is read as far as they can be alone:
+    each value as relmt-translate checks decode.<key>, beam and nbest within max_beam, nbest within the beam given,
+    a sampling setting with sampling=false. What depends on the checkpoint's own settings (nbest=3 with its beam=2)
+    is checked as it loads (`server_decode`)."""
+    from relmt.cli.translate import decode_with_overrides
+    from relmt.config import DecodeConfig
+
+    over = {k: getattr(args, k) for k in DECODING_KEYS if getattr(args, k) is not None}
+    for key in ("beam", "nbest"):
+        if over.get(key, 0) > args.max_beam:
+            raise UserError(f"{key}={over[key]}: more than max_beam={args.max_beam}, the beam a request may ask "
+                            f"for at most: give {key}={args.max_beam} or less, or a larger max_beam")
+    try:  # on a stand-in for the checkpoint's settings that leaves room for the others: max_beam wide, sampling
+        decode_with_overrides(DecodeConfig(beam=args.max_beam, sampling=True), over)
+    except UserError as e:
+        raise UserError(str(e).replace("decode.", "")) from None
+    return over
+
+
+def server_decode(checkpoint, args: ServeArgs):
+    """What a request without options is decoded with: the checkpoint's decode config (a DecodeConfig) with the
+    output length and the decoding defaults given at start, checked together (a UserError), its beam within
+    max_beam (else every request without a beam of its own would be refused)."""
+    from relmt.cli.translate import decode_with_overrides
+
+    over = length_overrides(args) | decoding_overrides(args)
+    try:
+        decode = decode_with_overrides(checkpoint, over)
+    except UserError as e:
+        raise UserError(f"{e} (the settings given at start, over the checkpoint's decode config)") from None
+    if decode.beam > args.max_beam:
+        raise UserError(f"the checkpoint's decode.beam={decode.beam} is more than max_beam={args.max_beam}, so "
+                        f"every request without a beam of its own would be refused: give beam={args.max_beam} or "
+                        "less (the server's default), or a larger max_beam")
+    return decode
 
 
 def check_args(args: ServeArgs) -> None:

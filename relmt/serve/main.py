@@ -1,7 +1,9 @@
 """The relmt-serve process: arguments, the listening socket, uvicorn, and a graceful SIGTERM.
 
 SIGTERM (or Ctrl-C) stops accepting connections, answers every request already accepted (the
-decoder finishes what is queued), and exits 0 within shutdown_deadline_s. Past the deadline the
+decoder finishes what is queued), and exits 0 within shutdown_deadline_s; a request sent meanwhile on a
+connection kept alive from before is answered 503 + Retry-After + `Connection: close`
+(relmt/serve/protocol.py, GracefulServer.shutdown). Past the deadline the
 requests still unanswered are failed, logged and counted, and the exit status is 1: nothing is
 dropped silently. A model that cannot be loaded exits 2 with the reason, as relmt-translate does.
 """
@@ -19,13 +21,17 @@ USAGE = ("relmt-serve checkpoint=PATH|[A.pt,B.pt,...] [engine=torch|onnx|aoti|ct
          "            [max_body_bytes=65536] [max_lines=64] [max_line_chars=1000] [max_beam=8]\n"
          "            [max_connections=1024] [request_timeout_s=10] [cors_origins=[https://app.example.org,...]]\n"
          "            [queue_size=256] [max_batch_tokens=2000] [max_wait_ms=30] [continuous=true]\n"
-         "            [max_len_a=] [max_len_b=] [min_len=] [shutdown_deadline_s=30] [log_level=warning]\n"
+         "            [max_len_a=] [max_len_b=] [min_len=] [beam=] [nbest=] [lenpen=] [length_norm=]\n"
+         "            [eos_candidates=] [sampling=] [topk=] [topp=] [temperature=] [seed=]\n"
+         "            [shutdown_deadline_s=30] [log_level=warning]\n"
          "Serve translations over HTTP: POST /v1/translate {\"text\": [...], \"options\": {\"beam\": 4}},\n"
          "GET /health, /ready, /metrics (Prometheus) and a form at /. A host other than loopback needs the\n"
          "environment variable RELMT_SERVE_API_KEY (clients send 'Authorization: Bearer <key>').\n"
          "max_connections caps the translations in progress (503 past it); a request head or body that takes\n"
          "longer than request_timeout_s closes its connection (a body: after a 408). cors_origins lets pages of\n"
-         "those origins call the server from a browser. Put TLS and a reverse proxy in front (docs/serving.md).")
+         "those origins call the server from a browser. beam=, nbest=, ... (relmt-translate's decoding keys) are\n"
+         "the server's decoding defaults, over the checkpoint's decode config: what a request without options gets.\n"
+         "Put TLS and a reverse proxy in front (docs/serving.md).")
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -43,7 +49,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(argv: list[str]) -> int:
-    from dataclasses import replace
     from functools import partial
     from pathlib import Path
 
@@ -52,7 +57,7 @@ def serve(argv: list[str]) -> int:
     from relmt import checkpoint
     from relmt.cli.common import parse_args, setup_logging
     from relmt.serve.app import State, create_app
-    from relmt.serve.args import EXAMPLE, ServeArgs, check_args, length_overrides
+    from relmt.serve.args import EXAMPLE, ServeArgs, check_args, decoding_overrides, length_overrides, server_decode
     from relmt.serve.batcher import Batcher
     from relmt.serve.metrics import Metrics
     from relmt.serve.protocol import GracefulServer, HeadDeadline
@@ -60,7 +65,8 @@ def serve(argv: list[str]) -> int:
 
     args = parse_args(ServeArgs, argv, EXAMPLE)
     check_args(args)
-    lengths = length_overrides(args)
+    length_overrides(args)  # the output length and decoding settings, checked before anything loads
+    decoding_overrides(args)
     key = api_key(args.host)  # before anything loads: a server that would be open to others never starts
     paths = [str(p) for p in args.checkpoint] if isinstance(args.checkpoint, list) else [str(args.checkpoint)]
     for path in paths:
@@ -79,7 +85,7 @@ def serve(argv: list[str]) -> int:
         tune_cpu()
         translator = Translator.from_checkpoints(paths, device=args.device, precision=args.precision or None,
                                                  engine=args.engine, quantization=args.quantization or "float32")
-        translator.decode = replace(translator.decode, **lengths)
+        translator.decode = server_decode(translator.decode, args)  # what a request without options gets
         return translator
 
     metrics = Metrics()
@@ -99,7 +105,7 @@ def serve(argv: list[str]) -> int:
     # no limit_concurrency: uvicorn's counts every open connection, unfinished and idle ones included, and
     # answers 503 to /health past it; max_connections counts translations (relmt/serve/app.py)
     protocol = partial(HeadDeadline, deadline_s=args.request_timeout_s,
-                       on_timeout=metrics.errors.labels("request_timeout").inc)
+                       on_timeout=metrics.errors.labels("request_timeout").inc, draining=lambda: state.draining)
     config = uvicorn.Config(create_app(state), http=protocol, log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=args.shutdown_deadline_s, server_header=False)
     server = GracefulServer(config, state)

@@ -1,5 +1,5 @@
 """uvicorn's pieces: its HTTP protocol (httptools) with a deadline on each request head, and its server
-with a graceful SIGTERM (GracefulServer).
+with a graceful SIGTERM (GracefulServer) that answers the requests on kept-alive connections while it drains.
 
 uvicorn closes a keep-alive connection that stays idle between two requests, but nothing bounds the time a
 request head may take: a client that connects and sends nothing, or sends `POST /v1/translate HTTP/1.1\\r\\n`
@@ -12,10 +12,13 @@ or of the request's first byte; bytes trickling in do not extend it. The body's 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("uvicorn.error")
 
 
 class HeadDeadline(HttpToolsProtocol):
@@ -23,9 +26,10 @@ class HeadDeadline(HttpToolsProtocol):
     on_timeout=...) as uvicorn.Config's http=; on_timeout is called for each request cut off (not for a
     connection closed before it sent a byte)."""
 
-    def __init__(self, *args, deadline_s: float, on_timeout: Callable[[], None], **kwargs) -> None:
+    def __init__(self, *args, deadline_s: float, on_timeout: Callable[[], None],
+                 draining: Callable[[], bool] = lambda: False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.deadline_s, self.on_timeout = deadline_s, on_timeout
+        self.deadline_s, self.on_timeout, self.draining = deadline_s, on_timeout, draining
         self.head_timer: asyncio.TimerHandle | None = None
         self.in_head = False  # a request's first byte has come, and its head is not complete
 
@@ -47,6 +51,19 @@ class HeadDeadline(HttpToolsProtocol):
         self.stop_timer()
         self.in_head = False
         super().on_headers_complete()
+        if self.draining() and self.cycle is not None:  # its answer says `Connection: close`, and closes it
+            self.cycle.keep_alive = False
+
+    @property
+    def answering(self) -> bool:
+        """A request's head is complete and its answer is not."""
+        return self.cycle is not None and not self.cycle.response_complete
+
+    @property
+    def busy(self) -> bool:
+        """A request is in progress on the connection (its head begun, or its answer not yet complete); else it is
+        idle between two requests (keep-alive), or has sent nothing yet."""
+        return self.in_head or self.answering
 
     def start_timer(self) -> None:
         self.head_timer = self.loop.call_later(self.deadline_s, self.head_timed_out)
@@ -65,9 +82,10 @@ class HeadDeadline(HttpToolsProtocol):
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn.Server, with two changes: SIGTERM first marks the server draining (/ready and new
-    translations answer 503 while accepted ones finish), and a graceful stop exits 0 instead of
-    re-raising the signal when done (uvicorn's default, which would end the process with -15)."""
+    """uvicorn.Server, with three changes: SIGTERM first marks the server draining (/ready and new
+    translations answer 503 while accepted ones finish); the drain keeps the kept-alive connections open
+    (`shutdown`); and a graceful stop exits 0 instead of re-raising the signal when done (uvicorn's default,
+    which would end the process with -15)."""
 
     def __init__(self, config: uvicorn.Config, state) -> None:
         super().__init__(config)
@@ -78,3 +96,45 @@ class GracefulServer(uvicorn.Server):
         super().handle_exit(sig, frame)
         if hasattr(self, "_captured_signals"):
             self._captured_signals.clear()
+
+    async def shutdown(self, sockets=None) -> None:
+        """uvicorn's shutdown closes every idle keep-alive connection at once, and a request a client sends on
+        one at that moment meets a closed connection (issue 74 §4: connection resets instead of 503s). Here the
+        listening sockets close (no new connection is accepted), and each connection stays open until the drain
+        ends: one busy with a request closes after its answer (`Connection: close`), and a request arriving on an
+        idle one is answered 503 + Retry-After + `Connection: close` (relmt/serve/app.py: the server is draining),
+        and that connection closes. Once no request is in progress (every accepted one answered) the connections
+        still idle close. Past timeout_graceful_shutdown (shutdown_deadline_s) the requests still running are
+        cancelled, as uvicorn does."""
+        log.info("Shutting down")
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            # an answer in progress: its connection closes after it (uvicorn's own connection shutdown). A
+            # connection of another protocol than HeadDeadline (none here) is shut down as uvicorn does
+            if not isinstance(connection, HeadDeadline) or connection.answering:
+                connection.shutdown()
+        try:
+            await asyncio.wait_for(self.drain(), timeout=self.config.timeout_graceful_shutdown)
+        except asyncio.TimeoutError:
+            log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
+            for task in self.server_state.tasks:
+                task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def drain(self) -> None:
+        state = self.server_state
+        while not self.force_exit and (state.tasks or any(isinstance(c, HeadDeadline) and c.busy
+                                                          for c in state.connections)):
+            await asyncio.sleep(0.05)
+        for connection in list(state.connections):  # idle: closed now, with nothing in flight on it
+            connection.shutdown()
+        while state.connections and not self.force_exit:
+            await asyncio.sleep(0.05)
+        for server in self.servers:
+            await server.wait_closed()

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, 
 
 from relmt.cli.common import closest
 from relmt.config import DecodeConfig
-from relmt.decode.constraints import MAX_PHRASES, MAX_PIECES
+from relmt.decode.constraints import MAX_PHRASES, MAX_PIECES, narrow_beam
+from relmt.decode.search import cut_source
 from relmt.errors import UserError
 from relmt.serve.args import ServeArgs
 
@@ -90,6 +91,22 @@ class TranslateRequest:
     sentences: list[str]
     decode: DecodeConfig
     asks: Asks = field(default_factory=Asks)
+    single: bool = False  # "text" was one string, not a list: its sentence is named `text`, not `text[0]`
+
+    def warnings(self, ids: list[list[int]]) -> list[dict]:
+        """What the decoding warns of, per sentence, given each sentence's source ids: a source cut to
+        max_source_len, a beam too narrow for the sentence's constraint phrases (the warnings relmt-translate logs;
+        the server's log has them per batch, the answer per request). Each {"sentence": i, "message": "text[i]:
+        ..."}, in input order."""
+        out = []
+        for i, x in enumerate(ids):
+            name = "text" if self.single else f"text[{i}]"
+            phrases = len(self.asks.constraints[i]) if self.asks.constraints and self.sentences[i].strip() else 0
+            for warning in (cut_source(len(x), self.decode.max_source_len),
+                            None if self.decode.sampling else narrow_beam(self.decode.beam, phrases)):
+                if warning:
+                    out.append({"sentence": i, "message": f"{name}: {warning}"})
+        return out
 
 
 def field_name(loc: tuple) -> str:
@@ -153,7 +170,8 @@ def parse_body(raw: bytes, args: ServeArgs, default: DecodeConfig, tokenizer=Non
             raise ApiError(422, f"tgt_lang: {e}", "tgt_lang") from None
     options = body.options.model_dump(exclude_none=True) if body.options else {}
     decode = request_decode(options, args, default)
-    return TranslateRequest(sentences, decode, request_asks(body, len(sentences), args, decode, tokenizer))
+    return TranslateRequest(sentences, decode, request_asks(body, len(sentences), args, decode, tokenizer),
+                            isinstance(body.text, str))
 
 
 def check_sentences(sentences: list[str], single: bool, args: ServeArgs) -> None:
