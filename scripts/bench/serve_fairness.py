@@ -84,9 +84,10 @@ class Server:
             self.proc.kill()
 
 
-def long_request(lines: int, words: int) -> list[str]:
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    return [" ".join(letters[(i + j) % 26] for j in range(words)) for i in range(lines)]
+def long_request(lines: int, words: int, word: str) -> list[str]:
+    """`lines` lines of `words` times `word` (the toy's "a", one piece: each line decodes up to its output limit,
+    2 x 500 + 10 = 1,010 tokens under the toy's decode config, as in the review)."""
+    return [" ".join([word] * words) for _ in range(lines)]
 
 
 def in_background(server: Server, text) -> tuple[threading.Thread, dict]:
@@ -117,6 +118,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lines", type=int, default=64)
     ap.add_argument("--words", type=int, default=499)
+    ap.add_argument("--word", default="a", help="the long lines' word (one sentencepiece piece of the model)")
     ap.add_argument("--delay", type=float, default=3.0, help="seconds between the long request and the short one")
     ap.add_argument("--leave-after", type=float, default=5.0)
     ap.add_argument("--repeats", type=int, default=9)
@@ -131,7 +133,7 @@ def main() -> None:
         from relmt.data.toy import generate
 
         ordinary = [src for src, _ in generate(seed=1, n_train=0, n_valid=0, n_test=200, n_test_long=0)["test"]]
-    long = long_request(args.lines, args.words)
+    long = long_request(args.lines, args.words, args.word)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "serve_fairness.log"
     results: dict = {}
 
