@@ -205,7 +205,7 @@ def test_run_queue_prepares_the_data_named_by_each_run(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "kept" / "c_s1" / "metrics.json").read_text())["status"] == "completed"
     config = yaml.safe_load((tmp_path / "kept" / "c_s1" / "config.yaml").read_text())
-    assert config["train"]["num_threads"] == 2  # the queue's threads: line
+    assert config["threads"] == 2  # the queue's threads: line
 
 
 def test_run_queue_names_a_bad_threads_line(tmp_path):

@@ -159,7 +159,7 @@ def test_average_cli(tmp_path, capsys):
     assert guarded("relmt-average", _average, [f"dir={tmp_path}", "last=2", f"output={tmp_path}/avg.pt"]) == 0
     torch.testing.assert_close(checkpoint.load(tmp_path / "avg.pt")["model"]["w"], torch.full((2, 3), 4.0))
     assert guarded("relmt-average", _average, [f"dir={tmp_path}", "last=9", f"output={tmp_path}/x.pt"]) == 2
-    assert "holds only 3 step checkpoints" in capsys.readouterr().err
+    assert "holds 3 step checkpoints" in capsys.readouterr().err
 
 
 # --- the loop ---------------------------------------------------------------------------------------
