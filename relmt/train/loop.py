@@ -426,6 +426,10 @@ def train(cfg: Config) -> dict:
     if run_log is not None:
         checkpoint.write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")  # atomic: never cut short
         run_log.close()
+    # DDP's reducer holds the process group: freed here, while every rank is still at this point, not when this
+    # function returns (a rank whose peer had already exited hung in ProcessGroupGloo's destructor, joining its
+    # worker thread: py-spy on the hung rank of a make test run, 2026-11-29)
+    net = ddp = None  # noqa: F841
     distributed.barrier(dist)
     distributed.cleanup()
     return metrics
