@@ -47,9 +47,13 @@ SHORT = "the dog ran"
 
 
 class Server:
+    """relmt-serve on 127.0.0.1 with `threads` (0: its default, the free cores, with OMP_NUM_THREADS unset), ready
+    to answer; scripts/bench/threads_busy.py starts it too."""
+
     def __init__(self, checkpoint: Path, threads: int, log: Path, *args: str) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        env.pop("RELMT_SERVE_API_KEY", None)
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RELMT_SERVE_API_KEY")}
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "relmt.serve", f"checkpoint={checkpoint}",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import drive  # noqa: E402
 from bench_threads import ROOT, train_jobs  # noqa: E402
+from serve_fairness import Server  # noqa: E402
 
 from relmt.bench import command_line, hardware, markdown_table, write_json  # noqa: E402
 
@@ -64,27 +64,13 @@ def translate(threads: int, args, work: Path, tag: str) -> float:
 
 
 def serve(threads: int, args, work: Path, tag: str) -> float:
-    import httpx
-
-    log = work / f"{tag}.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "relmt.serve", f"checkpoint={args.checkpoint}",
-                                 "host=127.0.0.1", "port=0", f"threads={threads}", "queue_size=512"],
-                                stdout=f, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
+    server = Server(args.checkpoint, threads, work / f"{tag}.log", "queue_size=512")
     try:
-        url, deadline = None, time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if url is None and (m := re.search(r"listening on (http://127\.0\.0\.1:\d+)", log.read_text())):
-                url = m.group(1)
-            if url and httpx.get(url + "/ready", timeout=5).status_code == 200:
-                break
-            time.sleep(0.1)
         sentences = Path(args.input).read_text().splitlines()
-        asyncio.run(drive(url, sentences, 4, 20, 5))  # warm-up
-        return asyncio.run(drive(url, sentences, 32, 10 ** 6, args.seconds))["sent_per_s"]
+        asyncio.run(drive(server.url, sentences, 4, 20, 5))  # warm-up
+        return asyncio.run(drive(server.url, sentences, 32, 10 ** 6, args.seconds))["sent_per_s"]
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop()
 
 
 COMMANDS = {"relmt-train (target tok/s)": train, "relmt-translate (sentences/s)": translate,
