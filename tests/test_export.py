@@ -245,7 +245,7 @@ def test_cli_errors_name_the_key(spm_model, tmp_path, capsys):
     ck = random_checkpoint(tmp_path, spm_model, positions=PosKind.abs)
     out = tmp_path / "ct2"
     assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "format=tflite"]) == 2
-    assert "format=tflite: the export formats are ctranslate2, onnx and aoti" in capsys.readouterr().err
+    assert "format=tflite: the export formats are ctranslate2, onnx, aoti and argos" in capsys.readouterr().err
     assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "quantization=int3"]) == 2
     assert "quantization=int3: must be one of" in capsys.readouterr().err
     assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "max_positions=0"]) == 2

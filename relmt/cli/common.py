@@ -49,8 +49,9 @@ USAGE = {
     "relmt-average": "relmt-average output=AVG.pt (dir=RUN/checkpoints [last=N] | checkpoints=[a.pt,b.pt,...])\n"
                      "Average the weights of the last N step checkpoints in dir (all of them if N=0), or\n"
                      "of the listed checkpoints, into one checkpoint.",
-    "relmt-export": "relmt-export checkpoint=PATH output=DIR [format=ctranslate2|onnx|aoti] [quantization=int8|...]\n"
-                    "             [max_positions=2048] [force=false]\n"
+    "relmt-export": "relmt-export checkpoint=PATH output=DIR [format=ctranslate2|onnx|aoti|argos]\n"
+                    "             [quantization=int8|...] [max_positions=2048] [force=false]\n"
+                    "             [source_lang=en target_lang=de package_version=1.0]\n"
                     "Write a CTranslate2 model directory (model.bin, config.json, shared_vocabulary.json) with the\n"
                     "checkpoint's sentencepiece model beside it (sentencepiece.model). quantization: any of\n"
                     "CTranslate2's weight types (default: float32; format=onnx and aoti write float32 only).\n"
@@ -60,7 +61,10 @@ USAGE = {
                     "format=onnx writes encoder.onnx and step.onnx (every model: relmt's searches run on them with\n"
                     "onnxruntime, as relmt-translate engine=onnx does) with sentencepiece.model (needs relmt[onnx]);\n"
                     "format=aoti compiles them with AOTInductor into encoder.pt2, step.pt2 and search.pt2\n"
-                    "(engine=aoti).",
+                    "(engine=aoti). format=argos writes an Argos Translate package (output=NAME.argosmodel: the\n"
+                    "CTranslate2 model, sentencepiece.model, a spaCy sentence splitter, metadata.json) that\n"
+                    "argostranslate and LibreTranslate install (needs relmt[argos]; languages default to data.src\n"
+                    "and data.tgt).",
     "relmt-report": "relmt-report RUN_DIR... out=DIR name=NAME [kind=tables|runs|length|tuning] [title=TEXT]\n"
                     "             [command=TEXT] [refs=DIR | refs=[DATA=DIR,...]] [bootstrap_samples=1000]\n"
                     "             [train_max_words=N | train_max_words=[DATA=N,...]] [overwrite=false]\n"

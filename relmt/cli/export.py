@@ -1,4 +1,5 @@
-"""`relmt-export`: a checkpoint as a CTranslate2 model, ONNX graphs or AOTInductor packages."""
+"""`relmt-export`: a checkpoint as a CTranslate2 model, ONNX graphs, AOTInductor packages or an Argos Translate
+package."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ class ExportArgs:
     quantization: str = ""  # a CTranslate2 weight type, or int8 for aoti (onnx writes float32 only); default float32
     max_positions: int = 2048  # rows of the absolute-encoding table: the longest source or target
     force: bool = False  # replace an existing output directory
+    # format=argos (relmt/export/argos.py): the package's language codes (default: data.src and data.tgt) and version
+    source_lang: str = ""
+    target_lang: str = ""
+    package_version: str = "1.0"
 
 
 def _export(argv: list[str]) -> None:
     args = parse_args(ExportArgs, argv, EXAMPLES["relmt-export"])
-    if args.format not in ("ctranslate2", "onnx", "aoti"):
-        raise UserError(f"format={args.format}: the export formats are ctranslate2, onnx and aoti")
+    if args.format not in ("ctranslate2", "onnx", "aoti", "argos"):
+        raise UserError(f"format={args.format}: the export formats are ctranslate2, onnx, aoti and argos")
+    if args.format == "argos":
+        return _export_argos(args)
     from relmt.export.engines import Engine, check_quantization
 
     check_quantization(Engine(args.format), args.quantization)
@@ -50,6 +57,24 @@ def _export(argv: list[str]) -> None:
     out = export_ctranslate2(args.checkpoint, args.output, quantization=args.quantization or None,
                  max_positions=args.max_positions, force=args.force)
     print(f"exported {args.checkpoint} to {out} (CTranslate2, {args.quantization or 'float32'})")
+
+
+def _export_argos(args: ExportArgs) -> None:
+    try:
+        from relmt.export.argos import decode_differences, export
+    except ImportError as e:
+        raise UserError(f"format=argos needs the ctranslate2 package ({e}): pip install 'relmt[argos]'") from None
+    from relmt import checkpoint
+    from relmt.config import from_dict
+
+    out = export(args.checkpoint, args.output, quantization=args.quantization or None, source_lang=args.source_lang,
+                 target_lang=args.target_lang, version=args.package_version, force=args.force)
+    print(f"exported {args.checkpoint} to {out} (Argos Translate package, {args.quantization or 'float32'}); "
+          "install it with argospm install or LibreTranslate, and set ARGOS_CHUNK_TYPE=SPACY")
+    differences = decode_differences(from_dict(checkpoint.load(args.checkpoint)["config"]).decode)
+    if differences:
+        print("note: Argos decodes with beam 4 and length penalty 0.2 (power), not the checkpoint's "
+              + ", ".join(differences), file=sys.stderr)
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ class TranslateArgs:
     max_sentences: int | None = None  # sentences per batch (fairseq's --batch-size); 0 = no cap
     max_len_a: float | None = None
     max_len_b: int | None = None
+    min_len: int | None = None  # EOS suppressed before this many output tokens (fairseq's --min-len)
     eos_candidates: str = ""  # t2t | fairseq
     max_source_len: int | None = None
     sampling: bool | None = None
@@ -54,8 +55,8 @@ class TranslateArgs:
 
 
 TRANSLATE_DECODE_KEYS = ("beam", "lenpen", "length_norm", "nbest", "max_source_tokens", "max_sentences", "max_len_a",
-                         "max_len_b", "eos_candidates", "max_source_len", "sampling", "topk", "topp", "temperature",
-                         "seed", "alignment_layer")
+                         "max_len_b", "min_len", "eos_candidates", "max_source_len", "sampling", "topk", "topp",
+                         "temperature", "seed", "alignment_layer")
 # Keys that relmt-translate once took, and what they are called now (issue 13: max_tokens counted
 # padded source + target tokens in training and source tokens in decoding, under one name).
 TRANSLATE_RENAMED_KEYS = {"max_tokens": "max_source_tokens"}

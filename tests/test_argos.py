@@ -1,0 +1,150 @@
+"""relmt-export format=argos: the package that argostranslate installs and runs, offline, and what it refuses.
+
+A tiny model with head-shared relative tables, trained on toy data, is exported to an .argosmodel; the real
+argostranslate (the dev extra) installs it with package.install_from_path and translates the toy test set in a
+subprocess of its own (Argos reads its settings from the environment when first imported), its data and cache
+in a temporary folder, ARGOS_CHUNK_TYPE=SPACY (the package's own sentence splitter: nothing to download) and
+ARGOS_COMPUTE_TYPE=float32 (Argos's default, auto, runs a float32 model as int8_float32 where the CPU can).
+Each output must equal relmt-translate engine=ctranslate2's at Argos's decoding settings (beam 4, length
+penalty 0.2 as |y|^0.2, at least 1 and at most 256 tokens: CTranslate2's defaults).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from relmt.cli.common import guarded
+from relmt.cli.export import _export
+from relmt.cli.translate import _translate
+from relmt.config import DataConfig, PosKind, Source
+from relmt.data.toy import generate
+from relmt.errors import UserError
+from relmt.export.argos import check_argos, export, metadata
+from tests.tiny_checkpoints import model_config, toy_tokenizer, train_tiny, write_checkpoint
+
+ARGOS = """
+import json, sys
+from pathlib import Path
+import argostranslate.package, argostranslate.translate
+argostranslate.package.install_from_path(Path(sys.argv[1]))
+[pkg] = argostranslate.package.get_installed_packages()
+lines = Path(sys.argv[2]).read_text().splitlines()
+out = [argostranslate.translate.translate(line, pkg.from_code, pkg.to_code) for line in lines]
+print(json.dumps({"installed": str(pkg.package_path), "from": pkg.from_code, "to": pkg.to_code, "out": out}))
+"""
+
+
+def argos_env(home: Path) -> dict:
+    """Argos's folders under `home`, the package's spaCy splitter, no network. The spaCy cache marker keeps
+    argostranslate 1.11 from fetching spaCy's xx_sent_ud_sm at import (it does so whenever the chunk type is
+    SPACY, even for a package that brings its own splitter)."""
+    (home / "cache" / "argos-translate" / "spacy" / "senter" / "model").mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CACHE_HOME": str(home / "cache"),
+            "XDG_CONFIG_HOME": str(home / "config"), "ARGOS_CHUNK_TYPE": "SPACY", "ARGOS_DEVICE_TYPE": "cpu",
+            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ARGOS_INTRA_THREADS": "1",
+            "ARGOS_COMPUTE_TYPE": "float32"}  # Argos's default, auto, is int8 on CPUs with int8 kernels
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    return train_tiny(tmp_path_factory.mktemp("argos"), "model.relative_share_heads=true")
+
+
+def test_argostranslate_installs_the_package_and_translates_as_relmt_does(trained, tmp_path, capsys):
+    package = tmp_path / "toy.argosmodel"
+    assert guarded("relmt-export", _export, [f"checkpoint={trained}", f"output={package}", "format=argos"]) == 0
+    captured = capsys.readouterr()
+    assert f"to {package} (Argos Translate package" in captured.out
+    assert "Argos decodes with beam 4 and length penalty 0.2" in captured.err  # train=debug decodes otherwise
+    with zipfile.ZipFile(package) as z:
+        names = z.namelist()
+        meta = json.loads(z.read("translate-src_tgt-1_0/metadata.json"))
+    assert {"translate-src_tgt-1_0/sentencepiece.model", "translate-src_tgt-1_0/model/model.bin",
+            "translate-src_tgt-1_0/spacy/meta.json", "translate-src_tgt-1_0/README.md"} <= set(names)
+    assert (meta["from_code"], meta["to_code"], meta["package_version"]) == ("src", "tgt", "1.0")
+    assert "relmt" in meta["description"] and str(trained) in meta["description"]
+
+    # the toy test set (data.toy seed 1, as trained), one sentence per line
+    sources = [src for src, _ in generate(seed=1, n_train=0, n_valid=0, n_test=60, n_test_long=0, max_words=8)["test"]]
+    lines = tmp_path / "test.src"
+    lines.write_text("\n".join(sources) + "\n")
+    done = subprocess.run([sys.executable, "-c", ARGOS, str(package), str(lines)], env=argos_env(tmp_path / "home"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    argos = json.loads(done.stdout.strip().splitlines()[-1])
+    assert argos["installed"].startswith(str(tmp_path / "home" / "data"))
+    assert (argos["from"], argos["to"]) == ("src", "tgt")
+
+    ours = tmp_path / "test.ct2"
+    assert guarded("relmt-translate", _translate, [
+        f"checkpoint={trained}", f"input={lines}", f"output={ours}", "engine=ctranslate2", "beam=4", "lenpen=0.2",
+        "length_norm=power", "max_len_a=0", "max_len_b=256", "min_len=1", "device=cpu", "threads=1"]) == 0
+    expected = ours.read_text().splitlines()
+    assert len(argos["out"]) == len(expected) == len(sources)
+    diff = [(s, a, b) for s, a, b in zip(sources, argos["out"], expected) if a != b]
+    assert not diff, (len(diff), diff[:5])
+    assert len(set(expected)) > len(expected) // 2  # a model that translates, not one output for all
+
+
+def test_metadata_names_languages_and_the_run():
+    meta = metadata("de", "en", "2.1", {"checkpoint": "runs/x/best.pt", "step": 900, "model": {"positions": "rel"}})
+    assert (meta["from_name"], meta["to_name"], meta["type"]) == ("German", "English", "translate")
+    assert meta["description"] == ("relmt (Transformer with rel positions, Shaw et al. 2018) from runs/x/best.pt, "
+                                   "step 900")
+    assert metadata("src", "tgt", "1", {"checkpoint": "c", "model": {"positions": "abs"}})["from_name"] == "src"
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"positions": PosKind.rope}, "model.positions=rope: an Argos package cannot hold it"),
+    ({"positions": PosKind.t5}, "model.positions=t5: an Argos package cannot hold it"),
+    ({"positions": PosKind.alibi}, "model.positions=alibi: an Argos package cannot hold it (CTranslate2 has no ALiBi"),
+    ({"positions": PosKind.rel, "relative_share_heads": False}, "one a^K/a^V table per attention head"),
+])
+def test_what_argos_cannot_run_is_refused_by_name(fields, message, tmp_path, capsys):
+    spm = toy_tokenizer(tmp_path)
+    ck = write_checkpoint(tmp_path, "model.pt", spm, seed=0, model=model_config(**fields))
+    out = tmp_path / "x.argosmodel"
+    assert guarded("relmt-export", _export, [f"checkpoint={ck}", f"output={out}", "format=argos"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not out.exists() and list(tmp_path.glob(".relmt-argos-*")) == []
+
+
+def test_multilingual_models_and_bad_arguments_are_refused(tmp_path, capsys):
+    from relmt.config import Config, CorpusConfig
+
+    corpora = [CorpusConfig(name="a", source=Source.toy, src="en", tgt="de"),
+               CorpusConfig(name="b", source=Source.toy, src="en", tgt="fr")]
+    tagged = Config(model=model_config(relative_share_heads=True),
+                    data=DataConfig(source=Source.corpora, lang_tags=True, corpora=corpora))
+    with pytest.raises(UserError, match="data.lang_tags=true: a multilingual model"):
+        check_argos(tagged)
+    tagged.data.lang_tags = False
+    with pytest.raises(UserError, match="translates 2 language pairs"):
+        check_argos(tagged)
+    assert check_argos(Config(model=model_config(relative_share_heads=True))) == ("src", "tgt")
+
+    spm = toy_tokenizer(tmp_path)
+    ck = write_checkpoint(tmp_path, "model.pt", spm, seed=0, model=model_config(positions=PosKind.abs))
+    for args, message in [
+        ([f"output={tmp_path / 'x.zip'}"], "an Argos package's name ends in .argosmodel"),
+        ([f"output={tmp_path / 'x.argosmodel'}", "source_lang=en_US"], "source_lang='en_US': a language code"),
+        ([f"output={tmp_path / 'x.argosmodel'}", "quantization=int3"], "quantization=int3: must be one of"),
+        ([f"output={tmp_path / 'x.argosmodel'}", "package_version=1 0"], "package_version='1 0'"),
+    ]:
+        assert guarded("relmt-export", _export, [f"checkpoint={ck}", "format=argos", *args]) == 2
+        assert message in capsys.readouterr().err
+    out = export(ck, tmp_path / "en_de.argosmodel", source_lang="en", target_lang="de", quantization="int8")
+    with zipfile.ZipFile(out) as z:
+        meta = json.loads(z.read("translate-en_de-1_0/metadata.json"))
+        spacy_meta = json.loads(z.read("translate-en_de-1_0/spacy/meta.json"))
+    assert (meta["from_name"], meta["to_name"], spacy_meta["lang"]) == ("English", "German", "en")
+    with pytest.raises(UserError, match="already exists"):
+        export(ck, out)
