@@ -12,6 +12,15 @@ DOCS_STAMP := $(VENV)/.docs-installed
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU wheel from PyTorch's own index (PyPI's
 # Linux wheel is the CUDA build); docs/getting-started.md, Install.
 TORCH_INDEX ?=
+# LibreTranslate, for the slow test that serves an Argos package with it (tests/test_argos.py): a venv of its own,
+# since it pins flask, numpy<2 and requests; spaCy for the packages' sentence splitter (ARGOS_CHUNK_TYPE=SPACY).
+LT_VENV  := .venv-libretranslate
+LT_STAMP := $(LT_VENV)/.installed
+$(LT_STAMP):
+	test -x $(LT_VENV)/bin/python || $(PYTHON) -m venv $(LT_VENV)
+	$(LT_VENV)/bin/python -m pip install --quiet libretranslate==1.9.6 'spacy>=3.7'
+	touch $@
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -41,7 +50,7 @@ toy-text: $(STAMP)
 XDIST ?= -n auto --dist worksteal
 
 # THREADS=N: each worker's torch threads (OMP_NUM_THREADS); unset: one per worker (tests/conftest.py)
-test: $(STAMP)
+test: $(STAMP) $(LT_STAMP)
 	$(if $(THREADS),OMP_NUM_THREADS=$(THREADS)) $(PY) -m pytest $(XDIST) -m "not exhaustive and not gpu"
 
 test-fast: $(STAMP)
@@ -53,7 +62,7 @@ test-exhaustive: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(LT_STAMP)
 	$(PY) -m pytest $(XDIST)
 
 # The next GPU lease's calls (scripts/gpu/call.sh 1 and 2) rehearsed on the CPU, every phase at tiny shapes inside

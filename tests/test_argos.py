@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -148,3 +150,68 @@ def test_multilingual_models_and_bad_arguments_are_refused(tmp_path, capsys):
     assert (meta["from_name"], meta["to_name"], spacy_meta["lang"]) == ("English", "German", "en")
     with pytest.raises(UserError, match="already exists"):
         export(ck, out)
+
+
+# --- LibreTranslate itself, serving the package -------------------------------------------------------------
+
+ROOT = Path(__file__).parent.parent
+# make test builds it (Makefile: LT_VENV): LibreTranslate pins flask, numpy<2 and requests, so it has its own venv
+LT_VENV = Path(os.environ.get("RELMT_LIBRETRANSLATE_VENV", ROOT / ".venv-libretranslate"))
+INSTALL = ("import sys, pathlib, argostranslate.package as p\n"
+           "for f in sys.argv[1:]: p.install_from_path(pathlib.Path(f))")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_libretranslate_serves_the_package_offline(trained, tmp_path):
+    """LibreTranslate 1.9 starts offline once two packages are installed (with fewer it fetches its package
+    index first, and retries while offline), so the model goes in as en->de and, to make two, as de->en; its
+    /translate answers as relmt-translate engine=ctranslate2 does, asked through libretranslatepy."""
+    from libretranslatepy import LibreTranslateAPI
+
+    assert (LT_VENV / "bin" / "libretranslate").is_file(), f"{LT_VENV}: no LibreTranslate; make test builds it"
+    packages = [export(trained, tmp_path / f"{a}_{b}.argosmodel", source_lang=a, target_lang=b)
+                for a, b in (("en", "de"), ("de", "en"))]
+    env = argos_env(tmp_path / "home")
+    subprocess.run([LT_VENV / "bin" / "python", "-c", INSTALL, *map(str, packages)], env=env, check=True, timeout=120)
+    sources = [src for src, _ in generate(seed=1, n_train=0, n_valid=0, n_test=12, n_test_long=0, max_words=8)["test"]]
+    lines = tmp_path / "test.en"
+    lines.write_text("\n".join(sources) + "\n")
+    ours = tmp_path / "test.de"
+    assert guarded("relmt-translate", _translate, [
+        f"checkpoint={trained}", f"input={lines}", f"output={ours}", "engine=ctranslate2", "beam=4", "lenpen=0.2",
+        "length_norm=power", "max_len_a=0", "max_len_b=256", "min_len=1", "device=cpu", "threads=1"]) == 0
+
+    port, log = free_port(), tmp_path / "libretranslate.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([LT_VENV / "bin" / "libretranslate", "--host", "127.0.0.1", "--port", str(port),
+                                 "--load-only", "en,de", "--disable-files-translation"], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        api = LibreTranslateAPI(url)
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"LibreTranslate exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+            try:
+                languages = api.languages()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"LibreTranslate not up in 90 s:\n{log.read_text()[-3000:]}"
+                time.sleep(0.2)
+        assert {lang["code"] for lang in languages} == {"en", "de"}
+        theirs = [api.translate(line, "en", "de") for line in sources]
+        assert theirs == ours.read_text().splitlines()
+        assert "Name or service not known" not in log.read_text()  # nothing was fetched
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
