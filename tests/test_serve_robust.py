@@ -217,7 +217,8 @@ def test_unknown_routes_and_methods_answer_error_and_field(robust):
     missing = robust.client.get("/v2/translate")
     assert missing.status_code == 404
     assert missing.json() == {"error": "no such route: GET /v2/translate (the routes: POST /v1/translate, "
-                                       "GET /health, /ready, /metrics and /)", "field": None}
+                                       "GET /health, /ready, /metrics and /; LibreTranslate's POST /translate, "
+                                       "/detect, GET /languages and /frontend/settings)", "field": None}
     wrong = robust.client.get("/v1/translate")
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert wrong.json() == {"error": "GET /v1/translate: method not allowed (allowed: POST)", "field": None}

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from relmt import checkpoint
-from relmt.config import Config, DecodeConfig, ModelConfig, to_dict
+from relmt.config import Config, DataConfig, DecodeConfig, ModelConfig, to_dict
 from relmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from relmt.data.toy import generate
 from relmt.model.transformer import Transformer, build_model
@@ -46,13 +46,14 @@ def random_model(cfg: ModelConfig, vocab_size: int, seed: int, eos_boost: float 
 
 
 def write_checkpoint(directory: Path, name: str, spm: Path, seed: int, model: ModelConfig | None = None,
-                     decode: DecodeConfig = DECODE, eos_boost: float = 2.0) -> Path:
-    """directory/name: a random model (torch seed `seed`) with the payload the trainer saves."""
-    cfg = Config(model=model or model_config(), decode=decode)
+                     decode: DecodeConfig = DECODE, eos_boost: float = 2.0, data: DataConfig | None = None) -> Path:
+    """directory/name: a random model (torch seed `seed`) with the payload the trainer saves; `data` names its
+    languages (default: the toy data's, src and tgt)."""
+    cfg = Config(model=model or model_config(), decode=decode, data=data or DataConfig())
     net = random_model(cfg.model, Tokenizer(spm).vocab_size, seed, eos_boost)
-    data = spm.read_bytes()
+    pieces = spm.read_bytes()
     payload = {"format": checkpoint.CHECKPOINT_FORMAT, "model": net.state_dict(), "config": to_dict(cfg),
-               "spm": {"path": str(spm), "sha256": hashlib.sha256(data).hexdigest(), "model": data}, "step": 0}
+               "spm": {"path": str(spm), "sha256": hashlib.sha256(pieces).hexdigest(), "model": pieces}, "step": 0}
     checkpoint.save(payload, directory, [name])
     return directory / name
 

@@ -109,15 +109,16 @@ class Translator:
 
     def __init__(self, model: Transformer | Ensemble, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device,
                  autocast_dtype: torch.dtype | None = None, scorer: Transformer | Ensemble | None = None,
-                 ct2=None, tgt_langs: Sequence[str] = ()) -> None:
+                 ct2=None, tgt_langs: Sequence[str] = (), pairs: Sequence[tuple[str, str]] = ()) -> None:
         """`model` runs the searches: relmt's modules, or another engine's stand-in for them
         (relmt.export.graphs.GraphModel: onnx or aoti); `scorer`, relmt's modules, scores references (default: model);
         `ct2` (relmt.export.engines.Ct2Model), when given, decodes instead of relmt's searches. `tgt_langs`: a
-        multilingual model's target languages (data.lang_tags), one of which each source is tagged for."""
+        multilingual model's target languages (data.lang_tags), one of which each source is tagged for. `pairs`: the
+        (source, target) language codes it was trained on (its data config's DataConfig.pairs())."""
         self.model, self.tokenizer, self.decode, self.device = model.eval(), tokenizer, decode, device
         self.autocast_dtype = autocast_dtype
         self.scorer, self.ct2 = scorer if scorer is not None else self.model, ct2
-        self.tgt_langs = list(tgt_langs)
+        self.tgt_langs, self.pairs = list(tgt_langs), list(pairs)
         self.tag_ids = {tokenizer.sp.piece_to_id(p) for lang in self.tgt_langs
                         for p in (lang_tag(lang), "\u2581" + lang_tag(lang))} - {tokenizer.sp.unk_id()}
 
@@ -180,7 +181,8 @@ class Translator:
             checksums.append((path, checksum))
             del ck  # the optimizer state of one checkpoint at a time
         model = models[0] if len(models) == 1 else Ensemble(models)
-        langs = sorted({tgt for _, tgt in cfg.data.pairs()}) if cfg.data.lang_tags else []
+        pairs = cfg.data.pairs()
+        langs = sorted({tgt for _, tgt in pairs}) if cfg.data.lang_tags else []
         chosen = wanted if wanted is not None else cfg.train.precision
         if wanted is None and chosen == Precision.fp16 and dev.type != "cuda":
             # fp16 needs CUDA (relmt.runtime.autocast_dtype); fp32 holds every fp16 value, so nothing is lost
@@ -193,7 +195,7 @@ class Translator:
         if kind in (Engine.onnx, Engine.aoti):
             graphs = [graph_model(kind, m, p, c, quantization=quantization) for m, (p, c) in zip(models, checksums)]
             return cls(graphs[0] if len(graphs) == 1 else Ensemble(graphs), tokenizer, cfg.decode, dev, None,
-                       scorer=model, tgt_langs=langs)
+                       scorer=model, tgt_langs=langs, pairs=pairs)
         if kind == Engine.ctranslate2:
             from relmt.export.ctranslate2 import RelmtConverter, check_exportable, export_info
 
@@ -202,8 +204,8 @@ class Translator:
             converter = RelmtConverter(model, Tokenizer(tokenizer.path, model=first_spm),
                                        info=export_info(path, step, cfg))
             return cls(model, tokenizer, cfg.decode, dev, None, ct2=Ct2Model(path, checksum, converter),
-                       tgt_langs=langs)
-        return cls(model, tokenizer, cfg.decode, dev, dtype, tgt_langs=langs)
+                       tgt_langs=langs, pairs=pairs)
+        return cls(model, tokenizer, cfg.decode, dev, dtype, tgt_langs=langs, pairs=pairs)
 
     def tagged(self, sentences: Sequence[str], tgt_lang: str | None, name: str = "input",
                first_line: int = 1) -> list[str]:

@@ -56,10 +56,11 @@ def serve(argv: list[str]) -> int:
 
     from relmt import checkpoint
     from relmt.cli.common import parse_args, setup_logging
-    from relmt.serve.app import State, create_app
+    from relmt.serve.app import create_app
     from relmt.serve.args import EXAMPLE, ServeArgs, check_args, decoding_overrides, length_overrides, server_decode
     from relmt.serve.batcher import Batcher
     from relmt.serve.metrics import Metrics
+    from relmt.serve.pipeline import State
     from relmt.serve.protocol import GracefulServer, HeadDeadline
     from relmt.serve.security import api_key
 
@@ -103,7 +104,7 @@ def serve(argv: list[str]) -> int:
                       max_output_tokens=args.max_request_output_tokens, on_cancelled=metrics.left_search)
     state = State(args, batcher, metrics, api_key=key)
     # no limit_concurrency: uvicorn's counts every open connection, unfinished and idle ones included, and
-    # answers 503 to /health past it; max_connections counts translations (relmt/serve/app.py)
+    # answers 503 to /health past it; max_connections counts translations (relmt/serve/pipeline.py)
     protocol = partial(HeadDeadline, deadline_s=args.request_timeout_s,
                        on_timeout=metrics.errors.labels("request_timeout").inc, draining=lambda: state.draining)
     config = uvicorn.Config(create_app(state), http=protocol, log_level=args.log_level, lifespan="on",

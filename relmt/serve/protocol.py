@@ -6,7 +6,7 @@ request head may take: a client that connects and sends nothing, or sends `POST 
 and waits, would hold its connection for ever, and the API key is only checked once the head is complete.
 Here a connection is closed when a request head is not complete within `deadline_s` of the connection opening
 or of the request's first byte; bytes trickling in do not extend it. The body's deadline is the route's
-(relmt/serve/app.py read_body answers 408).
+(relmt/serve/pipeline.py read_body answers 408).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class GracefulServer(uvicorn.Server):
         one at that moment meets a closed connection (issue 74 §4: connection resets instead of 503s). Here the
         listening sockets close (no new connection is accepted), and each connection stays open until the drain
         ends: one busy with a request closes after its answer (`Connection: close`), and a request arriving on an
-        idle one is answered 503 + Retry-After + `Connection: close` (relmt/serve/app.py: the server is draining),
+        idle one is answered 503 + Retry-After + `Connection: close` (relmt/serve/pipeline.py: the server is draining),
         and that connection closes. Once no request is in progress (every accepted one answered) the connections
         still idle close. Past timeout_graceful_shutdown (shutdown_deadline_s) the requests still running are
         cancelled, as uvicorn does."""

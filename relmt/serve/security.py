@@ -1,8 +1,10 @@
 """Who may bind and who may call: loopback by default; any other address needs an API key.
 
 The key comes from the environment (RELMT_SERVE_API_KEY), never from the command line, where `ps`
-would show it. When it is set, every route but /health, /ready and the page at / needs
-`Authorization: Bearer <key>`, compared in constant time (hmac.compare_digest)."""
+would show it. When it is set, every route but /health, /ready, the page at / and LibreTranslate's /languages and
+/frontend/settings needs `Authorization: Bearer <key>`, compared in constant time (hmac.compare_digest);
+LibreTranslate's /translate and /detect take it as that header or as the body's api_key
+(relmt/serve/libretranslate.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from relmt.errors import UserError
 
 KEY_ENV = "RELMT_SERVE_API_KEY"
 MIN_KEY_CHARS = 16
-OPEN_PATHS = frozenset({"/health", "/ready", "/"})  # no secret there; the page asks for the key itself
+# no secret there; the page asks for the key itself; LibreTranslate's two are open in LibreTranslate too
+OPEN_PATHS = frozenset({"/health", "/ready", "/", "/languages", "/frontend/settings"})
+BODY_KEY_PATHS = frozenset({"/translate", "/detect"})  # the key checked by the route: header or body's api_key
 
 
 def is_loopback(host: str) -> bool:
