@@ -94,15 +94,77 @@ class SearchGraph(nn.Module):
     def forward(self, history: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
                 self_v: Tensor, order: Tensor, starts: Tensor, alive: Tensor, pool_scores: Tensor,
                 pool_tokens: Tensor, limit: Tensor, min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor,
-                early_stop: Tensor) -> tuple[Tensor, ...]:
+                early_stop: Tensor, banned: Tensor | None = None) -> tuple[Tensor, ...]:
         b, k = alive.shape
         logits, self_k, self_v = self.step(history[:, :, -1], keep, cross_k, cross_v, self_k, self_v, order, starts)
-        rules = Rules(EOS_ID, torch.tensor([self.pad_id, BOS_ID]), min_len, lenpen, power, t2t, early_stop)
+        if banned is None:  # LoopGraph makes it outside its loop: a constant made inside a loop's body fails to compile
+            banned = torch.tensor([self.pad_id, BOS_ID])
+        rules = Rules(EOS_ID, banned, min_len, lenpen, power, t2t, early_stop)
         steps = (history.shape[2] - 1) - starts[:, 0]  # (B,) each sentence's steps so far
         beams, rows, done = beam_step(logits, Beams(history.reshape(b * k, -1), alive, pool_scores, pool_tokens,
                                                     limit), rules, self.pad_id, steps)
         return (beams.tokens.view(b, k, -1), beams.alive, beams.pool_scores, beams.pool_tokens, rows, self_k,
                 self_v, done)
+
+
+LOOP_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "alive", "pool_scores", "pool_tokens",
+               "limit", "min_len", "lenpen", "power", "t2t", "early_stop")
+LOOP_OUTPUTS = ("pool_scores", "pool_tokens", "steps")
+
+
+class LoopGraph(nn.Module):
+    """The whole search in one graph (issue 76 §1): `SearchGraph`'s step inside torch's while_loop, so that a
+    sentence's search leaves Python once, not once per step. while_loop carries tensors of one shape, so the
+    growing state lives in buffers of T slots, each step reading the t slots so far (t an unbacked size inside
+    the loop) and writing its t + 1 back: history (B, K, T + 1), BOS in slot 0; the self-attention keys and values
+    (L, B, K, H, T, D); pool_tokens (B, K, T), padding. T bounds the steps (the longest limit). The step is
+    SearchGraph's, so a step gives what a search step gives; a sentence done stays in the batch, its pool
+    frozen (beam_search takes done sentences out instead: the same pools). Offline searches only (starts 0).
+    Returns the pools (pool_tokens: the first `steps` slots hold the tokens) and the steps taken."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.search = SearchGraph(model)
+
+    def forward(self, history: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
+                self_v: Tensor, alive: Tensor, pool_scores: Tensor, pool_tokens: Tensor, limit: Tensor,
+                min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor, early_stop: Tensor
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        from torch._higher_order_ops.while_loop import while_loop
+
+        b, k = alive.shape
+        layers, heads, slots, d_head = self_k.shape[0], self_k.shape[3], self_k.shape[4], self_k.shape[5]
+        starts = torch.zeros(b, k, dtype=torch.long, device=alive.device)
+        banned = torch.tensor([self.search.pad_id, BOS_ID], device=alive.device)
+        end = limit.max().clamp(max=slots)
+
+        def cond(history, self_k, self_v, order, alive, pool_scores, pool_tokens, done, t):
+            return (t < end) & ~done.all()
+
+        def body(history, self_k, self_v, order, alive, pool_scores, pool_tokens, done, t):
+            n = t.item()
+            torch._check(n >= 0)
+            torch._check(n < slots)
+            flat_k = self_k.view(layers, b * k, heads, slots, d_head)
+            flat_v = self_v.view(layers, b * k, heads, slots, d_head)
+            new_history, alive, new_scores, new_tokens, rows, new_k, new_v, finished = self.search(
+                history.narrow(2, 0, n + 1), keep, cross_k, cross_v, flat_k.narrow(3, 0, n), flat_v.narrow(3, 0, n),
+                order, starts, alive, pool_scores, pool_tokens.narrow(2, 0, n), limit, min_len, lenpen, power, t2t,
+                early_stop, banned)
+            # a sentence done before this step keeps its pool, as if it had left the search
+            pool_scores = torch.where(done[:, None], pool_scores, new_scores)
+            pool_tokens = torch.where(done[:, None, None], pool_tokens,
+                                      pool_tokens.slice_scatter(new_tokens, 2, 0, n + 1))
+            self_k = flat_k.slice_scatter(new_k, 3, 0, n + 1).view(self_k.shape)
+            self_v = flat_v.slice_scatter(new_v, 3, 0, n + 1).view(self_v.shape)
+            return (history.slice_scatter(new_history, 2, 0, n + 2), self_k, self_v, rows.view(b, k), alive,
+                    pool_scores, pool_tokens, done | finished, t + 1)
+
+        order = torch.arange(b * k, device=alive.device).view(b, k)
+        done = torch.zeros(b, dtype=torch.bool, device=alive.device)
+        t = torch.zeros((), dtype=torch.long, device=alive.device)
+        state = while_loop(cond, body, (history, self_k, self_v, order, alive, pool_scores, pool_tokens, done, t))
+        return state[5], state[6], state[8]
 
 
 def shape_of(model: Transformer) -> dict:
@@ -152,6 +214,29 @@ def search_examples(model: Transformer) -> tuple[tuple, dict]:
     dims |= {"history": {0: B, 1: K, 2: T + 1}, "alive": {0: B, 1: K}, "pool_scores": {0: B, 1: K},
              "pool_tokens": {0: B, 1: K, 2: T}, "limit": {0: B}} | {name: None for name in SEARCH_INPUTS[SETTINGS:]}
     return search, dims
+
+
+def loop_examples(model: Transformer) -> tuple[tuple, dict]:
+    """Inputs to trace LoopGraph with (T = 6 slots), and its dynamic dimensions."""
+    shape = shape_of(model)
+    layers, heads, d_head = shape["layers"], shape["heads"], shape["d_head"]
+    b, k, s, slots = 2, 3, 5, 6
+    history = torch.full((b, k, slots + 1), model.pad_id, dtype=torch.long)
+    history[:, :, 0] = BOS_ID
+    alive = torch.full((b, k), float("-inf"))
+    alive[:, 0] = 0.0
+    loop = (history, torch.ones(b, s, dtype=torch.bool), *(torch.randn(layers, b, heads, s, d_head) for _ in range(2)),
+            *(torch.zeros(layers, b, k, heads, slots, d_head) for _ in range(2)), alive,
+            torch.full((b, k), float("-inf")), torch.full((b, k, slots), model.pad_id, dtype=torch.long),
+            torch.tensor([4, 6]), torch.tensor(1), torch.tensor(0.6, dtype=torch.float64),
+            *map(torch.tensor, (False, True, False)))
+    big = 1 << 20
+    B, K, S = (torch.export.Dim(name, min=1, max=big) for name in ("B", "K", "S"))
+    T = torch.export.Dim("T", min=2, max=big)
+    dims = {"history": {0: B, 1: K, 2: T + 1}, "keep": {0: B, 1: S}, "cross_k": {1: B, 3: S}, "cross_v": {1: B, 3: S},
+            "self_k": {1: B, 2: K, 4: T}, "self_v": {1: B, 2: K, 4: T}, "alive": {0: B, 1: K},
+            "pool_scores": {0: B, 1: K}, "pool_tokens": {0: B, 1: K, 2: T}, "limit": {0: B}}
+    return loop, dims | {name: None for name in LOOP_INPUTS[LOOP_INPUTS.index("min_len"):]}
 
 
 @dataclass(frozen=True)
