@@ -124,6 +124,13 @@ def provenance(hw: dict) -> str:
             f"- Hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores; {hw.get('date')}\n")
 
 
+def page_head(title: str, hw: dict, command: str | None = None) -> str:
+    """A results page's title and its first lines: the command that wrote it, the machine and the date (`hw`:
+    hardware())."""
+    return (f"# {title}\n\n- command: `{command or command_line()}`\n- hardware: {hw.get('cpu')}, "
+            f"{hw.get('cpu_count')} cores, torch {hw.get('torch')}, git {hw.get('git')}\n- date: {hw.get('date')}\n")
+
+
 def write_json(path: str | Path, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ from serve_fairness import Server  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts/docs"))
 from page_block import replaced  # noqa: E402
 
-from relmt.bench import command_line, hardware, markdown_table, write_json  # noqa: E402
+from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.data.toy import generate  # noqa: E402
 from relmt.export.argos import ARGOS_BEAM, ARGOS_LENPEN, ARGOS_MAX_TOKENS, export  # noqa: E402
 
@@ -248,9 +248,8 @@ def main() -> None:
         write_json(args.out, payload)
     if args.md:
         args.md.write_text(
-            f"# Deployment routes: sentences/s on one host (issue 75)\n\n- command: `{payload['command']}`\n"
-            f"- hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores, torch {hw.get('torch')}, git {hw.get('git')}\n"
-            f"- date: {hw.get('date')}\n- model: {args.checkpoint}; every route at Argos's decoding "
+            page_head("Deployment routes: sentences/s on one host (issue 75)", hw, payload["command"]) +
+            f"- model: {args.checkpoint}; every route at Argos's decoding "
             f"({' '.join(DECODE)}), one thread per process\n\n{table}\n\n"
             f"The float32 CTranslate2 routes (relmt-serve engine=ctranslate2, argostranslate float32, LibreTranslate, "
             f"one's own code), one sentence at a time, give the same text for every sentence: **{agree}**. "

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from relmt.bench import command_line, hardware, markdown_table, write_json  # noqa: E402
+from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 
 SETTINGS = {"libgomp's defaults": {}, "GOMP_SPINCOUNT=1000": {"GOMP_SPINCOUNT": "1000"},
             "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
@@ -88,9 +88,8 @@ def main() -> None:
         write_json(args.out, payload)
     if args.md:
         args.md.write_text(
-            f"# engine=aoti one sentence at a time: seconds and cores (issue 76)\n\n- command: `{payload['command']}`\n"
-            f"- hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores, torch {hw.get('torch')}, git {hw.get('git')}\n"
-            f"- date: {hw.get('date')}\n- model: {args.checkpoint}; {rows[0]['sentences']} toy test sentences one at "
+            page_head("engine=aoti one sentence at a time: seconds and cores (issue 76)", hw, payload["command"]) +
+            f"- model: {args.checkpoint}; {rows[0]['sentences']} toy test sentences one at "
             f"a time, beam 4, torch at one thread; best of {args.repeats} rounds, each setting in its own process\n\n"
             f"{table}\n\nThe compiled kernels split their loops for the threads they were compiled for (the machine's "
             "cores), whatever torch's thread count, and libgomp's workers spin between parallel regions: with the "

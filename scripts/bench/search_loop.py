@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from relmt.bench import command_line, hardware, markdown_table, write_json  # noqa: E402
+from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from relmt.data.toy import generate  # noqa: E402
 from relmt.decode.beam import beam_search, finished_hypotheses, max_lengths  # noqa: E402
@@ -217,9 +217,8 @@ def main() -> None:
         write_json(args.out, payload)
     if args.md:
         args.md.write_text(
-            f"# The whole search in one compiled call (issue 76 §1)\n\n- command: `{payload['command']}`\n"
-            f"- hardware: {hw.get('cpu')}, {hw.get('cpu_count')} cores, torch {hw.get('torch')}, git {hw.get('git')}\n"
-            f"- date: {hw.get('date')}\n- model: {args.checkpoint}; {len(sources)} toy test sentences one at a time, "
+            page_head("The whole search in one compiled call (issue 76 §1)", hw, payload["command"]) +
+            f"- model: {args.checkpoint}; {len(sources)} toy test sentences one at a time, "
             f"beam {BEAM}, length penalty {LENPEN} (power), one thread; best of {args.repeats} interleaved rounds\n\n"
             f"The loop (relmt.export.graphs.LoopGraph: SearchGraph's step inside torch's while_loop, compiled by "
             f"AOTInductor in {compile_seconds:.0f} s) against engine=aoti's search, both after engine=aoti's "
