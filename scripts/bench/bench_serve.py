@@ -123,7 +123,7 @@ def offline(opts: argparse.Namespace, sentences: list[str]) -> dict:
 
 class ServerProcess:
     def __init__(self, opts: argparse.Namespace, log: Path) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads), **dict(kv.split("=", 1) for kv in opts.server_env)}
         env.pop("RELMT_SERVE_API_KEY", None)
         self.log = log
         with open(log, "wb") as out:
@@ -366,6 +366,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the beam every request asks for (its options), and the references' (0: the checkpoint's "
                              "decode.beam, which relmt-serve takes by default)")
     parser.add_argument("--onmt-model", type=Path, default=None, help="an OpenNMT-py checkpoint for onmt_server")
+    parser.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="environment variables for relmt-serve's process alone (not the offline references)")
     parser.add_argument("--echo", action="store_true",
                         help="also the server's own floor: relmt-serve with a translator that answers at once "
                              "(scripts/bench/serve_echo.py), at each level, after the batching modes")
@@ -375,6 +377,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, default=ROOT / "docs/results/performance/serve_cpu.json")
     parser.add_argument("--md", type=Path, default=ROOT / "docs/results/performance/serve_cpu.md")
     opts = parser.parse_args(argv)
+    if bad := [kv for kv in opts.server_env if "=" not in kv or kv.startswith("=")]:
+        parser.error(f"--server-env {' '.join(bad)}: give KEY=VALUE")
     sentences = load_sentences(opts)
     refs = [offline(opts, sentences)]
     print(f"offline: {json.dumps(refs[0])}", flush=True)
