@@ -1,6 +1,8 @@
 """What scripts/bench/bench_serve.py computes from its measurements: the issue's ratios and the floor that
 Little's law puts under the p99 ratio, and the sentences its references decode."""
 
+import pytest
+
 from tests.scripts_import import ROOT, load_script
 
 bs = load_script("bench_serve")
@@ -127,3 +129,23 @@ def test_the_serving_split_accounts_for_the_decoding_threads_time(tmp_path):
     assert row["ms_per_step"]["graphs"] > 0 and row["ms_per_step"]["search Python"] > 0
     assert sum(row["share"].values()) >= 0.99 and row["share"]["other"] >= 0
     assert continuous.advance.__name__ == "advance"  # the wrappers are taken off afterwards
+
+
+def test_server_env_is_key_value_and_reaches_the_server_alone(capsys, monkeypatch, tmp_path):
+    """--server-env (scripts/bench/serve_spin.py) goes to relmt-serve's process, not to bench_serve's own."""
+    with pytest.raises(SystemExit):
+        bs.main(["--checkpoint", "x.pt", "--server-env", "GOMP_SPINCOUNT"])
+    assert "--server-env GOMP_SPINCOUNT: give KEY=VALUE" in capsys.readouterr().err
+    seen = {}
+
+    def popen(command, stdout, stderr, env):
+        seen.update(env)
+
+    monkeypatch.setattr(bs.subprocess, "Popen", popen)
+    monkeypatch.setattr(bs.ServerProcess, "wait", lambda self, pattern: "http://127.0.0.1:1")
+    opts = bs.argparse.Namespace(threads=1, server_env=["GOMP_SPINCOUNT=1000", "A=b=c"], mode="continuous",
+                                 checkpoint="x.pt", engine="torch", clients=[1], max_wait_ms=30.0, fixed_length=0,
+                                 beam=0)
+    bs.ServerProcess(opts, tmp_path / "server.log")
+    assert seen["GOMP_SPINCOUNT"] == "1000" and seen["A"] == "b=c" and seen["OMP_NUM_THREADS"] == "1"
+    assert "GOMP_SPINCOUNT" not in bs.os.environ
