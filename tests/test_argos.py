@@ -35,7 +35,7 @@ from relmt.cli.translate import _translate  # noqa: E402
 from relmt.config import DataConfig, PosKind, Source  # noqa: E402
 from relmt.data.toy import generate  # noqa: E402
 from relmt.errors import UserError  # noqa: E402
-from relmt.export.argos import check_argos, export, metadata  # noqa: E402
+from relmt.export.argos import check_argos, export, metadata, offline_env  # noqa: E402
 from tests.tiny_checkpoints import model_config, toy_tokenizer, train_tiny, write_checkpoint  # noqa: E402
 
 ARGOS = """
@@ -48,17 +48,6 @@ lines = Path(sys.argv[2]).read_text().splitlines()
 out = [argostranslate.translate.translate(line, pkg.from_code, pkg.to_code) for line in lines]
 print(json.dumps({"installed": str(pkg.package_path), "from": pkg.from_code, "to": pkg.to_code, "out": out}))
 """
-
-
-def argos_env(home: Path) -> dict:
-    """Argos's folders under `home`, the package's spaCy splitter, no network. The spaCy cache marker keeps
-    argostranslate 1.11 from fetching spaCy's xx_sent_ud_sm at import (it does so whenever the chunk type is
-    SPACY, even for a package that brings its own splitter)."""
-    (home / "cache" / "argos-translate" / "spacy" / "senter" / "model").mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CACHE_HOME": str(home / "cache"),
-            "XDG_CONFIG_HOME": str(home / "config"), "ARGOS_CHUNK_TYPE": "SPACY", "ARGOS_DEVICE_TYPE": "cpu",
-            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ARGOS_INTRA_THREADS": "1",
-            "ARGOS_COMPUTE_TYPE": "float32"}  # Argos's default, auto, is int8 on CPUs with int8 kernels
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +73,7 @@ def test_argostranslate_installs_the_package_and_translates_as_relmt_does(traine
     sources = [src for src, _ in generate(seed=1, n_train=0, n_valid=0, n_test=60, n_test_long=0, max_words=8)["test"]]
     lines = tmp_path / "test.src"
     lines.write_text("\n".join(sources) + "\n")
-    done = subprocess.run([sys.executable, "-c", ARGOS, str(package), str(lines)], env=argos_env(tmp_path / "home"),
+    done = subprocess.run([sys.executable, "-c", ARGOS, str(package), str(lines)], env=offline_env(tmp_path / "home"),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     argos = json.loads(done.stdout.strip().splitlines()[-1])
@@ -184,7 +173,7 @@ def test_libretranslate_serves_the_package_offline(trained, tmp_path):
     assert (LT_VENV / "bin" / "libretranslate").is_file(), f"{LT_VENV}: no LibreTranslate; make test builds it"
     packages = [export(trained, tmp_path / f"{a}_{b}.argosmodel", source_lang=a, target_lang=b)
                 for a, b in (("en", "de"), ("de", "en"))]
-    env = argos_env(tmp_path / "home")
+    env = offline_env(tmp_path / "home")
     subprocess.run([LT_VENV / "bin" / "python", "-c", INSTALL, *map(str, packages)], env=env, check=True, timeout=120)
     sources = [src for src, _ in generate(seed=1, n_train=0, n_valid=0, n_test=12, n_test_long=0, max_words=8)["test"]]
     lines = tmp_path / "test.en"

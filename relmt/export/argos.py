@@ -59,6 +59,20 @@ REFUSED = {
 }
 
 
+def offline_env(home: str | Path, compute_type: str = "float32", threads: int = 1) -> dict[str, str]:
+    """The environment in which argostranslate (or LibreTranslate) runs an exported package offline, with its
+    folders under `home` (XDG_*), the package's spaCy splitter (ARGOS_CHUNK_TYPE=SPACY), CTranslate2 in
+    `compute_type` (Argos's default, auto, is int8_float32 on a CPU with int8 kernels; float32 gives
+    relmt-translate engine=ctranslate2's outputs) on `threads` threads. It also creates the spaCy cache marker that
+    keeps argostranslate 1.11 from fetching spaCy's xx_sent_ud_sm when first imported (it tries whenever the chunk
+    type is SPACY, even for a package that brings its own splitter)."""
+    home = Path(home)
+    (home / "cache" / "argos-translate" / "spacy" / "senter" / "model").mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CACHE_HOME": str(home / "cache"),
+            "XDG_CONFIG_HOME": str(home / "config"), "ARGOS_CHUNK_TYPE": "SPACY", "ARGOS_DEVICE_TYPE": "cpu",
+            "ARGOS_COMPUTE_TYPE": compute_type, "ARGOS_INTRA_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+
+
 def check_argos(cfg: Config) -> tuple[str, str]:
     """The package's (source, target) language codes; a UserError naming what Argos cannot run."""
     if cfg.model.positions in REFUSED:
@@ -150,8 +164,8 @@ def export(checkpoint_path: str | Path, output: str | Path, quantization: str | 
         raise UserError(f"output={out}: already exists (give force=true to replace it)")
     if not version or any(c in version for c in "/\\ "):
         raise UserError(f"package_version={version!r}: a package version such as 1.0")
-    cfg = from_dict(checkpoint.load(checkpoint_path)["config"])
-    src, tgt = check_argos(cfg)
+    ck = checkpoint.load(checkpoint_path)
+    src, tgt = check_argos(from_dict(ck["config"]))
     src, tgt = source_lang or src, target_lang or tgt
     for key, code in (("source_lang", src), ("target_lang", tgt)):
         if not code or any(c in code for c in "/\\ _-"):
@@ -159,7 +173,7 @@ def export(checkpoint_path: str | Path, output: str | Path, quantization: str | 
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".relmt-argos-", dir=out.parent) as tmp:
         folder = Path(tmp) / package_name(src, tgt, version)
-        converter = RelmtConverter.from_checkpoint(checkpoint_path)
+        converter = RelmtConverter.from_payload(ck, checkpoint_path)
         converter.convert(str(folder / "model"), quantization=quantization)
         shutil.copyfile(folder / "model" / SPM_FILE, folder / SPM_FILE)
         blank_pipeline(src).to_disk(folder / SPACY_DIR)

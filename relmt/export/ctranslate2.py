@@ -263,7 +263,11 @@ class RelmtConverter(Converter):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, max_positions: int = 2048) -> RelmtConverter:
-        ck = checkpoint.load(path)
+        return cls.from_payload(checkpoint.load(path), path, max_positions)
+
+    @classmethod
+    def from_payload(cls, ck: dict, path: str | Path, max_positions: int = 2048) -> RelmtConverter:
+        """As from_checkpoint, from the checkpoint at `path` already loaded (`ck`)."""
         cfg = from_dict(ck["config"])
         check_exportable(cfg.model)  # before the weights are read into a model
         spm = ck.get("spm") or {}

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from page_block import replaced  # noqa: E402
 
 from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.data.toy import generate  # noqa: E402
-from relmt.export.argos import ARGOS_BEAM, ARGOS_LENPEN, ARGOS_MAX_TOKENS, export  # noqa: E402
+from relmt.export.argos import ARGOS_BEAM, ARGOS_LENPEN, ARGOS_MAX_TOKENS, export, offline_env  # noqa: E402
 
 DECODE = [f"beam={ARGOS_BEAM}", f"lenpen={ARGOS_LENPEN}", "length_norm=power", "min_len=1", "max_len_a=0",
           f"max_len_b={ARGOS_MAX_TOKENS}"]
@@ -87,14 +86,6 @@ t = time.perf_counter()
 out = [s for i in range(0, len(lines), batch) for s in run(lines[i:i + batch])]
 print(json.dumps({"seconds": time.perf_counter() - t, "out": out}))
 """.replace("BEAM", str(ARGOS_BEAM)).replace("LENPEN", str(ARGOS_LENPEN)).replace("MAXLEN", str(ARGOS_MAX_TOKENS))
-
-
-def argos_env(home: Path, compute_type: str) -> dict:
-    """Argos's folders under `home`, one thread, the package's spaCy splitter, nothing fetched (tests/test_argos.py)."""
-    (home / "cache" / "argos-translate" / "spacy" / "senter" / "model").mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CACHE_HOME": str(home / "cache"),
-            "XDG_CONFIG_HOME": str(home / "config"), "ARGOS_CHUNK_TYPE": "SPACY", "ARGOS_DEVICE_TYPE": "cpu",
-            "ARGOS_COMPUTE_TYPE": compute_type, "ARGOS_INTRA_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def child(python: Path | str, code: str, args: list[str], env: dict | None = None) -> dict:
@@ -216,11 +207,11 @@ def main() -> None:
         (tmp / "one.txt").write_text("\n".join(one) + "\n")
         for compute_type in ("float32", "auto"):
             r = child(sys.executable, ARGOS, [str(tmp / "one.txt"), str(packages[0])],
-                      argos_env(tmp / f"argos_{compute_type}", compute_type))
+                      offline_env(tmp / f"argos_{compute_type}", compute_type))
             rows.append({"route": f"argostranslate 1.11, ARGOS_COMPUTE_TYPE={compute_type}: translate()",
                          "per_request": 1, "sentences": len(one), "seconds": r["seconds"], "out": r["out"]})
         home = tmp / "lt"
-        env = argos_env(home, "float32")
+        env = offline_env(home, "float32")
         subprocess.run([LT_VENV / "bin" / "python", "-c", "import sys, pathlib, argostranslate.package as p\n"
                         "for f in sys.argv[1:]: p.install_from_path(pathlib.Path(f))", *map(str, packages)],
                        env=env, check=True, timeout=300)
@@ -230,7 +221,7 @@ def main() -> None:
         for per, name in ((1, "one.txt"), (args.batch, "many.txt")):
             r = child(sys.executable, CT2, [str(model), str(tmp / name), str(per)])
             rows.append({"route": "CTranslate2 from one's own code: translate_batch", "per_request": per,
-                         "sentences": per == 1 and len(one) or len(many), "seconds": r["seconds"], "out": r["out"]})
+                         "sentences": len(one) if per == 1 else len(many), "seconds": r["seconds"], "out": r["out"]})
 
     float32 = [r for r in rows if r["per_request"] == 1 and any(k in r["route"] for k in F32_CT2)]
     agree = all(r["out"] == float32[0]["out"] for r in float32)
