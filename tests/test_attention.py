@@ -277,3 +277,31 @@ def test_the_query_scale_follows_every_weight_update():
     with torch.no_grad():
         mha.load_state_dict(other.state_dict())
         assert torch.equal(mha(x, k, v), other(x, k, v))
+
+
+@pytest.mark.parametrize("case", ["cross", "causal step", "bias"])
+def test_written_attention_equals_the_fused_kernel(case, monkeypatch):
+    """`written` (a compiled decoder step's softmax(q k^T) v, issue 76) gives what scaled_dot_product_attention
+    gives: cross-attention under a source keep-mask, a causal step at an offset, and a logits bias (ALiBi/T5's
+    route) with a mask; in float32, the precision decoding uses."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4, 0.0).eval()
+    x = torch.randn(3, 4 if case == "cross" else 1, 32)
+    k, v = attn.project_kv(torch.randn(3, 7, 32))
+    kwargs = {}
+    if case == "cross":
+        kwargs["mask"] = torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 2 + [0] * 5], dtype=torch.bool)[:, None, None]
+    elif case == "causal step":
+        kwargs |= {"causal": True, "q_offset": 6}
+    else:
+        from relmt.model.positions import PositionTerms
+
+        kwargs |= {"causal": True, "q_offset": 6, "terms": PositionTerms(bias=torch.randn(4, 1, 7)),
+                   "mask": torch.tensor([[1] * 7, [0] + [1] * 6, [0] * 3 + [1] * 4], dtype=torch.bool)[:, None, None]}
+    with torch.no_grad():
+        fused = attn(x, k, v, **kwargs)
+        with monkeypatch.context() as m:  # the written route calls no fused kernel
+            m.setattr(torch.nn.functional, "scaled_dot_product_attention", None)
+            written = attn(x, k, v, written=True, **kwargs)
+    assert written.dtype == torch.float32
+    torch.testing.assert_close(written, fused, rtol=1e-5, atol=1e-6)

@@ -43,8 +43,9 @@ SEARCH_OUTPUTS = ("history", "alive", "pool_scores", "pool_tokens", "order", "se
 # Part of the key of every onnx and aoti artefact (relmt/export/engines.py: `dependencies`). Bump it whenever a
 # change to this file (or to the model code the graphs trace) changes what is exported: the graphs' inputs,
 # outputs or what they compute. Artefacts made by the older code then get rebuilt instead of reused.
-GRAPHS_VERSION = 4  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3);
-# 4: the search step's starts (continuous batching's step in one call, issue 70)
+GRAPHS_VERSION = 5  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3);
+# 4: the search step's starts (continuous batching's step in one call, issue 70); 5: the step's attention written
+# out, and topk for the live candidates (issue 76 §3: docs/results/engines/step_profile.md)
 
 
 class EncoderGraph(nn.Module):

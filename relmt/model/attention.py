@@ -134,11 +134,13 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 causal: bool = False, q_offset: int = 0, terms: PositionTerms = NO_TERMS,
-                q: Tensor | None = None) -> Tensor:
+                q: Tensor | None = None, written: bool = False) -> Tensor:
         """x: (B, n, d_model) queries; k, v: (B, H, m, D); mask: bool keep-mask broadcastable
         to (B, 1, n, m). Query row i is position i + q_offset (for relative distances and
         causality); `terms` are the stack's rotation and logits bias for these positions; q: the
-        queries (B, H, n, D) where `project_qkv` made them. Returns (B, n, d_model)."""
+        queries (B, H, n, D) where `project_qkv` made them; written: softmax(q k^T) v written out instead of
+        scaled_dot_product_attention (a compiled decoder step: at a few queries per sentence, SDPA's CPU kernel
+        costs more than the products it does; docs/results/engines/step_profile.md). Returns (B, n, d_model)."""
         # The 1/sqrt(d_z) of Shaw eq. (4) is folded into W^Q and b^Q: a (d, d) multiply instead of
         # a scaled copy of q, and both terms of e_ij get it. The fused kernels then use scale=1.
         if q is None:
@@ -166,8 +168,14 @@ class MultiHeadAttention(nn.Module):
             keep = keep_mask(mask, causal, n, m, q_offset, q.device)
             if bias is not None and keep is not None:
                 bias = bias.masked_fill(~keep, float("-inf"))
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep if bias is None else bias, dropout_p=p,
-                                               scale=1.0)
+            if written and not p:  # Vaswani eq. (1): softmax(q k^T) v, the scale folded into W^Q
+                scores = torch.matmul(q, k.transpose(-1, -2))
+                scores = scores + bias if bias is not None else scores
+                scores = scores.masked_fill(~keep, float("-inf")) if keep is not None and bias is None else scores
+                z = torch.matmul(torch.softmax(scores, dim=-1), v)
+            else:
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep if bias is None else bias, dropout_p=p,
+                                                   scale=1.0)
         b = x.shape[0]
         return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))
 

@@ -103,20 +103,21 @@ class DecoderLayer(nn.Module):
         Returns the layer output and the self-attention keys/values of all t + n positions."""
         offset = 0 if past is None else past[0].shape[2]
         h = self.norm1(x) if self.pre_norm else x
-        q = None
-        if past is not None and in_graph():
+        q, step = None, past is not None and in_graph()  # a compiled decoder step
+        if step:
             q, k, v = self.self_attn.project_qkv(h, terms)  # a compiled step: one GEMM (B, H, n, D) each
         else:
             k, v = self.self_attn.project_kv(h, terms)  # (B, H, n, D)
         if past is not None:
             k, v = extend(past[0], k, past_order), extend(past[1], v, past_order)
-        y = self.self_attn(h, k, v, mask=self_mask, causal=True, q_offset=offset, terms=terms, q=q)
+        y = self.self_attn(h, k, v, mask=self_mask, causal=True, q_offset=offset, terms=terms, q=q, written=step)
         x = residual(x, y, self.dropout, self.norm1, self.pre_norm)
         h = self.norm2(x) if self.pre_norm else x
         # Cross-attention has no positions (Shaw §3), so the K hypotheses of one sentence (rows
         # grouped by sentence when cross_k has B rows and x has B*K) are K*n queries against one
         # copy of that sentence's keys; beam search never repeats or reorders the source.
-        y = self.cross_attn(h.reshape(cross_k.shape[0], -1, h.shape[-1]), cross_k, cross_v, mask=src_mask)
+        y = self.cross_attn(h.reshape(cross_k.shape[0], -1, h.shape[-1]), cross_k, cross_v, mask=src_mask,
+                            written=step)
         y = y.view_as(h)
         x = residual(x, y, self.dropout, self.norm2, self.pre_norm)
         h = self.norm3(x) if self.pre_norm else x

@@ -36,6 +36,13 @@ from relmt.bench import command_line, hardware, markdown_table, write_json
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# issue 76's targets (issues 62 and 70 asked 1.0 of each ratio, 0.8 and 1.2 of the server's); a page rebuilt from an
+# older run's JSON (--page-from) keeps the targets that run was measured against
+TARGETS = {("one at a time", "float32"): "≥ 1.2", ("one at a time", "int8"): "≥ 1.0",
+           ("32 per batch", "float32"): "≥ 1.1", ("32 per batch", "int8"): "≥ 1.1"}
+SERVE_TARGETS = {"32 clients sentences/s": "≥ 0.85", "1 client p50": "≤ 1.1"}
+
+
 def gemm_gflops(threads: int = 2) -> float:
     """scripts/peers/bench_peers.py's calibration: a 1024^3 float32 GEMM's GFLOP/s in a process of its own."""
     out = subprocess.run([sys.executable, ROOT / "scripts/peers/bench_peers.py", "gemm", "--threads", str(threads)],
@@ -114,8 +121,8 @@ def main() -> None:
 
     ratios = {f"{regime}, {precision}": best(regime, "relmt engine=aoti", precision) /
               best(regime, "CTranslate2", precision) for precision in precisions for regime, _, _ in regimes}
-    goals = [(f"{regime}: aoti {p} ÷ CTranslate2 {p}", "≥ 1.0", f"{ratios[f'{regime}, {p}']:.2f}")
-             for p in precisions for regime, _, _ in regimes]
+    goals = [(f"{regime}: aoti {p} ÷ CTranslate2 {p}", TARGETS.get((regime, p), "≥ 1.0"),
+              f"{ratios[f'{regime}, {p}']:.2f}") for p in precisions for regime, _, _ in regimes]
     by_name = {r["system"]: r for r in rows}
     two_over_one = {(p, regime): by_name[f"CTranslate2 {p}, 2 threads"][regime] /
                     by_name[f"CTranslate2 {p}, 1 thread"][regime] for p in precisions for regime, _, _ in regimes}
@@ -130,13 +137,14 @@ def main() -> None:
                         "--max-seconds", "60", "--echo", "--json", serve_json, "--md", tmp / "serve.md"], check=True)
         serve = json.loads(serve_json.read_text())
         goals += [(f"relmt-serve engine=aoti continuous: {goal}" if "echo" not in goal else f"relmt-serve: {goal}",
-                   target, value) for goal, target, value in serve["goals"]
+                   next((t for key, t in SERVE_TARGETS.items() if key in goal), target), value)
+                  for goal, target, value in serve["goals"]
                   if "32 clients sentences/s" in goal or "1 client p50" in goal or "echo" in goal]
     hw = hardware()
     payload = {"command": command_line(), "hardware": hw, "settings": vars(args) | {
         "out": None, "md": None, "scratch": None}, "rows": rows, "ratios": ratios, "goals": goals,
         "serve": serve, "samples": {f"{k[0]} | {k[1]}": v for k, v in times.items()},
-        "calibration_gflops": calibration, "ct2_threads": ct2_threads}
+        "calibration_gflops": calibration, "ct2_threads": ct2_threads, "goals_of": "issue 76"}
     text = page(payload)
     print(text)
     if args.out:
@@ -186,7 +194,8 @@ def page(payload: dict) -> str:
             + f" Ratios take each system at its faster thread setting: {summary}.\n\n"
             f"- command: `{payload['command']}`\n- hardware: {hw['cpu']}, {hw['cpu_count']} cores, torch "
             f"{hw['torch']}\n- date: {hw['date']} (git {hw['git']})\n- host speed: {host_speed}\n\n"
-            f"## Goals (issues 62 and 70)\n\n{goal_table}\n\n## Decoding\n\n{table}\n{serve_text}")
+            f"## Goals ({payload.get('goals_of', 'issues 62 and 70')})\n\n{goal_table}\n\n## Decoding\n\n{table}\n"
+            f"{serve_text}")
 
 if __name__ == "__main__":
     main()
