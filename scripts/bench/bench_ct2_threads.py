@@ -40,7 +40,16 @@ ROOT = Path(__file__).resolve().parents[2]
 # older run's JSON (--page-from) keeps the targets that run was measured against
 TARGETS = {("one at a time", "float32"): "≥ 1.2", ("one at a time", "int8"): "≥ 1.0",
            ("32 per batch", "float32"): "≥ 1.1", ("32 per batch", "int8"): "≥ 1.1"}
-SERVE_TARGETS = {"32 clients sentences/s": "≥ 0.85", "1 client p50": "≤ 1.1"}
+SERVE_TARGETS = {"32 clients sentences/s ÷ offline": "≥ 0.85", "1 client p50 ÷ offline": "≤ 1.1"}
+
+
+def serve_goals(rows: list) -> list[tuple[str, str, str]]:
+    """bench_serve's goal rows that this page carries, under issue 76's targets where it sets one (a goal's name
+    begins with SERVE_TARGETS' key)."""
+    return [(f"relmt-serve engine=aoti continuous: {goal}" if "echo" not in goal else f"relmt-serve: {goal}",
+             next((t for key, t in SERVE_TARGETS.items() if goal.startswith(key)), target), value)
+            for goal, target, value in rows
+            if "32 clients sentences/s" in goal or "1 client p50" in goal or "echo" in goal]
 
 
 def gemm_gflops(threads: int = 2) -> float:
@@ -136,10 +145,7 @@ def main() -> None:
                         "--fixed-length", str(args.length), "--beam", "4", "--requests", str(args.serve_requests),
                         "--max-seconds", "60", "--echo", "--json", serve_json, "--md", tmp / "serve.md"], check=True)
         serve = json.loads(serve_json.read_text())
-        goals += [(f"relmt-serve engine=aoti continuous: {goal}" if "echo" not in goal else f"relmt-serve: {goal}",
-                   next((t for key, t in SERVE_TARGETS.items() if key in goal), target), value)
-                  for goal, target, value in serve["goals"]
-                  if "32 clients sentences/s" in goal or "1 client p50" in goal or "echo" in goal]
+        goals += serve_goals(serve["goals"])
     hw = hardware()
     payload = {"command": command_line(), "hardware": hw, "settings": vars(args) | {
         "out": None, "md": None, "scratch": None}, "rows": rows, "ratios": ratios, "goals": goals,
