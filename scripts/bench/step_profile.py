@@ -66,15 +66,16 @@ def variant(name: str):
         MultiHeadAttention.forward, beam.live_and_finishing = forward, live
 
 
-def compile_step(model, path: Path, name: str, profile: bool = False) -> float:
-    """search_small.pt2 as relmt/export/aoti.py compiles it, from the step as `name` traces it; its seconds."""
+def compile_step(model, path: Path, name: str, profile: bool = False, small: bool = True) -> float:
+    """search_small.pt2 as relmt/export/aoti.py compiles it (small=False: search.pt2, which an int8 export runs at
+    every size), from the step as `name` traces it; its seconds."""
     start = time.perf_counter()
     example, dims = search_examples(model)
     with variant(name):
         program = torch.export.export(SearchGraph(model).eval(), example, dynamic_shapes=dims)
     torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs={
         "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **QUIET,
-        **SMALL_CONFIGS, **({"cpp.enable_kernel_profile": True} if profile else {})})
+        **(SMALL_CONFIGS if small else {}), **({"cpp.enable_kernel_profile": True} if profile else {})})
     return time.perf_counter() - start
 
 
@@ -102,15 +103,22 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--top", type=int, default=12, help="operators listed in the profile")
+    ap.add_argument("--quantization", choices=("float32", "int8"), default="float32",
+                    help="int8: engine=aoti quantization=int8's graph (relmt/export/quantize.py), search.pt2")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--md", type=Path)
     args = ap.parse_args()
     model = Translator.from_checkpoint(args.checkpoint, device="cpu", engine="torch").model.float().eval()
+    small = args.quantization == "float32"
+    if not small:
+        from relmt.export.quantize import int8_copy
+
+        model = int8_copy(model)
     inputs = step_inputs(model, args.slots, args.source)
     names = ("before", "written", "now")
     with tempfile.TemporaryDirectory(prefix="step-profile-") as tmp, torch.no_grad():
         tmp = Path(tmp)
-        seconds = {name: compile_step(model, tmp / f"{name}.pt2", name) for name in names}
+        seconds = {name: compile_step(model, tmp / f"{name}.pt2", name, small=small) for name in names}
         runs = {name: flat_call(tmp / f"{name}.pt2") for name in names}
         same = all(torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b, rtol=1e-5, atol=1e-5)
                    for a, b in zip(runs["before"](*inputs), runs["now"](*inputs)))
@@ -129,7 +137,7 @@ def main() -> None:
                     best[name] = min(best[name], (time.perf_counter() - start) / args.calls)
             rows.append({"threads": threads, **{f"{n}_us": 1e6 * best[n] for n in names},
                          "now_over_before": best["now"] / best["before"]})
-        compile_step(model, tmp / "profiled.pt2", "now", profile=True)
+        compile_step(model, tmp / "profiled.pt2", "now", profile=True, small=small)
         profiled, steps = flat_call(tmp / "profiled.pt2"), 50
         for _ in range(20):
             profiled(*inputs)
@@ -150,15 +158,20 @@ def main() -> None:
                                     ("share", "share of the profiled step")])
     print(table, op_table, f"same outputs before and now: {same}", sep="\n\n")
     payload = {"command": command_line(), "hardware": hw, "checkpoint": str(args.checkpoint), "slots": args.slots,
-               "source": args.source, "compile_s": seconds, "same_outputs": same, "rows": rows, "profile": ops}
+               "source": args.source, "quantization": args.quantization, "compile_s": seconds,
+               "same_outputs": same, "rows": rows, "profile": ops}
     if args.out:
         write_json(args.out, payload)
     if args.md:
+        gemms = ("aoti_torch_cpu__linear_pointwise* are oneDNN's GEMMs" if small else
+                 "aoti_torch_cpu__int_mm_out is the int8 GEMM, the fused loops with amax/amin quantize its rows")
         args.md.write_text(
-            page_head("A compiled search step at one sentence: where its time goes (issue 76 §3)", hw,
+            page_head("A compiled search step at one sentence: where its time goes (issue 76 §3)" +
+                      ("" if small else ", int8"), hw,
                       payload["command"]) +
             f"- model: {args.checkpoint}; one sentence's step at beam 4, {args.slots} slots in, {args.source} "
-            f"source tokens; search_small.pt2 compiled as engine=aoti compiles it; best of {args.repeats} "
+            f"source tokens; {'search_small.pt2' if small else 'search.pt2 of quantization=int8'} compiled as "
+            f"engine=aoti compiles it; best of {args.repeats} "
             f"interleaved rounds of {args.calls} calls\n\n"
             "Before: the step of GRAPHS_VERSION 4 (the decoder step's attention through "
             "scaled_dot_product_attention, the live candidates by a stable sort). Written: softmax(q k^T) v "
@@ -168,7 +181,7 @@ def main() -> None:
             f"1e-5): {'yes' if same else 'no'}."
             f"\n\nWhere the step's time goes now (inductor's kernel profiling under torch's profiler, {steps} "
             f"steps at {torch.get_num_threads()} threads; the profiling slows the step, so only the shares "
-            f"count; aoti_torch_cpu__linear_pointwise* are oneDNN's GEMMs):\n\n{op_table}\n")
+            f"count; {gemms}):\n\n{op_table}\n")
 
 
 if __name__ == "__main__":
