@@ -149,3 +149,20 @@ def test_server_env_is_key_value_and_reaches_the_server_alone(capsys, monkeypatc
     bs.ServerProcess(opts, tmp_path / "server.log")
     assert seen["GOMP_SPINCOUNT"] == "1000" and seen["A"] == "b=c" and seen["OMP_NUM_THREADS"] == "1"
     assert "GOMP_SPINCOUNT" not in bs.os.environ
+
+
+def test_ct2_threads_page_takes_issue_76_targets_for_its_two_serving_goals_only():
+    """bench_ct2_threads' page carries bench_serve's goal rows under issue 76's targets where that issue sets one:
+    the two ratios to offline decoding, matched by the start of their names. Its first run matched any name
+    holding "1 client p50", and gave the p99 and floor rows (whose names end in "1 client p50") the target 1.1."""
+    ct2 = load_script("bench_ct2_threads")
+    rows = [("32 clients sentences/s ÷ offline at 32 per batch", "≥ 0.8", "0.60"),
+            ("1 client p50 ÷ offline one-at-a-time", "≤ 1.2", "1.59"),
+            ("32 clients p99 ÷ 1 client p50", "≤ 4", "24.71"),
+            ("its floor at this throughput: 32 ÷ (sentences/s at 32 × 1 client p50)", "", "16.04"),
+            ("the server's own floor (echo translator), 1 client p50", "≤ 1 ms", "0.80 ms"),
+            ("batch after batch: 32 clients sentences/s", "", "90")]
+    goals = {name: target for name, target, _ in ct2.serve_goals(rows)}
+    prefix = "relmt-serve engine=aoti continuous: "
+    assert goals == {prefix + rows[0][0]: "≥ 0.85", prefix + rows[1][0]: "≤ 1.1", prefix + rows[2][0]: "≤ 4",
+                     prefix + rows[3][0]: "", "relmt-serve: " + rows[4][0]: "≤ 1 ms", prefix + rows[5][0]: ""}
