@@ -157,8 +157,8 @@ def live_and_finishing(cand: Tensor, token: Tensor, last: Tensor, eos_id: int, t
     k = cand.shape[1] // 2
     rank = torch.arange(2 * k, device=cand.device)
     is_eos = token == eos_id
-    # the keys are distinct, so the K smallest in order are the stable sort's first K; topk is one small kernel where
-    # a compiled step's stable sort cost 5x more (docs/results/engines/step_profile.md)
+    # the keys are distinct, so the K smallest in order are the stable sort's first K, in one small kernel where a
+    # compiled step ran a stable sort of all 2K (docs/results/engines/step_profile.md)
     keep = (is_eos.int() * 2 * k + rank).topk(k, dim=1, largest=False).indices
     finishing = pick(t2t, lambda: is_eos | (last & torch.zeros_like(is_eos).scatter_(1, keep, True)),
                      lambda: (is_eos | last) & (rank < k))

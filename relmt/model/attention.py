@@ -170,8 +170,10 @@ class MultiHeadAttention(nn.Module):
                 bias = bias.masked_fill(~keep, float("-inf"))
             if written and not p:  # Vaswani eq. (1): softmax(q k^T) v, the scale folded into W^Q
                 scores = torch.matmul(q, k.transpose(-1, -2))
-                scores = scores + bias if bias is not None else scores
-                scores = scores.masked_fill(~keep, float("-inf")) if keep is not None and bias is None else scores
+                if bias is not None:  # masked above
+                    scores = scores + bias
+                elif keep is not None:
+                    scores = scores.masked_fill(~keep, float("-inf"))
                 z = torch.matmul(torch.softmax(scores, dim=-1), v)
             else:
                 z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep if bias is None else bias, dropout_p=p,
