@@ -232,7 +232,8 @@ def test_a_failing_aoti_package_says_why(trained):
 
 
 def test_an_aoti_export_of_other_graphs_is_refused_as_it_loads(trained, tmp_path):
-    """An export compiled from older graphs (before GRAPHS_VERSION 4 the search graph took 16 inputs, now 17) is
+    """An export compiled from older graphs (before GRAPHS_VERSION 6 the search graph took 17 inputs, the cache
+    stacked; now 15 and each layer's keys and values) is
     refused by AotiModel with what to do, not run until a call fails: by the graphs' version aoti.json records,
     and, in an export made before aoti.json recorded it, by the inputs and outputs its packages take and give."""
     folder, old = aoti_folder(trained), tmp_path / "old"
@@ -248,8 +249,10 @@ def test_an_aoti_export_of_other_graphs_is_refused_as_it_loads(trained, tmp_path
     (old / "aoti.json").write_text(json.dumps(unrecorded))
     assert AotiModel(old).run_search is not None  # this relmt's packages: they take and give what relmt's graphs do
     shutil.copy(folder / "step.pt2", old / "search.pt2")  # a search graph that takes other inputs than relmt's
-    with pytest.raises(UserError, match=r"search.pt2: the compiled model takes 8 inputs and gives 3 outputs, and "
-                                        r"this relmt's search graph takes 17 and gives 8: .*export it again"):
+    cache = 2 * meta["layers"]  # each layer's self-attention keys and values, in and out (GRAPHS_VERSION 6)
+    with pytest.raises(UserError, match=rf"search.pt2: the compiled model takes {6 + cache} inputs and gives "
+                                        rf"{1 + cache} outputs, and this relmt's search graph takes {15 + cache} and "
+                                        rf"gives {6 + cache}: .*export it again"):
         AotiModel(old)
     assert meta["graphs"] == GRAPHS_VERSION  # what an export records now
 

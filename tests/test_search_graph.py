@@ -13,7 +13,16 @@ import torch
 from relmt.config import PosKind
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import beam_search
-from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph, shape_of
+from relmt.export.graphs import (
+    SEARCH_INPUTS,
+    STEP_INPUTS,
+    EncoderGraph,
+    GraphModel,
+    SearchGraph,
+    StepGraph,
+    nest,
+    shape_of,
+)
 from tests.tiny_checkpoints import model_config, random_model
 
 VOCAB = 40
@@ -29,8 +38,9 @@ class EagerGraphs(GraphModel):
 
     def call(self, name: str, *inputs):
         self.calls[name] += 1
-        with torch.no_grad():
-            return tuple(self.graphs[name](*inputs))
+        names = {"encoder": ("src",), "step": STEP_INPUTS, "search": SEARCH_INPUTS}[name]
+        with torch.no_grad():  # the flat inputs an engine takes, grouped as the graph takes them
+            return tuple(self.graphs[name](*nest(inputs, names, self.layers)))
 
     def run_encoder(self, src):
         return self.call("encoder", src)

@@ -34,7 +34,8 @@ from relmt.model.transformer import Transformer
 log = logging.getLogger(__name__)
 
 FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_small.pt2, where the export has them
-AOTI_VERSION = 4  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK
+AOTI_VERSION = 5  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK;
+# 5: the graphs for many rows traced at many rows (relmt.export.graphs.EXAMPLE_SIZES)
 # (a change makes a new artefact: relmt/export/engines.py's dependencies)
 # At a few rows (sentences x beams) a step's GEMMs are the library calls of oneDNN's prepacked products, and
 # inductor's own C++ GEMM template, autotuned at the examples' 6 rows (graphs.examples), runs them faster; at more
@@ -95,11 +96,13 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
         model = int8_copy(model)
     elif quantization != "float32":
         raise UserError(f"quantization={quantization}: engine=aoti compiles float32 or int8 weights")
-    src, step, encoder_dims, step_dims = examples(model)
-    search, search_dims = search_examples(model)
+    # traced at many rows, so that inductor splits a batch's loops over the threads (graphs.EXAMPLE_SIZES), and
+    # search_small.pt2 at few, the rows its GEMM template is autotuned at
+    src, step, encoder_dims, step_dims = examples(model, "many")
+    search, search_dims = search_examples(model, "many")
     todo = [("encoder", EncoderGraph(model), src, encoder_dims, {}), ("step", StepGraph(model), step, step_dims, {}),
             ("search", SearchGraph(model), search, search_dims, {}),
-            *([("search_small", SearchGraph(model), search, search_dims, SMALL_CONFIGS)]
+            *([("search_small", SearchGraph(model), *search_examples(model, "few"), SMALL_CONFIGS)]
               if quantization == "float32" else [])]
     began = time.perf_counter()
     with warnings.catch_warnings():  # the compiler's deprecation chatter is not the user's business
@@ -169,9 +172,10 @@ class AotiModel(GraphModel):
             warnings.simplefilter("ignore")
             calls = {name: flat_call(directory / f"{name}.pt2") for name in names}
         # (inputs, outputs) of relmt's graphs; an export without starts (made before them): its step graph takes none
-        search = len(graphs.SEARCH_INPUTS), len(graphs.SEARCH_OUTPUTS)
-        counts = {"encoder": (1, 3), "step": (len(graphs.STEP_INPUTS) - (not self.starts), 3), "search": search,
-                  "search_small": search}
+        cache = 2 * self.layers - 2  # self_k and self_v, one input (and output) per layer each
+        search = len(graphs.SEARCH_INPUTS) + cache, len(graphs.SEARCH_OUTPUTS) + cache
+        counts = {"encoder": (1, 3), "step": (len(graphs.STEP_INPUTS) - (not self.starts) + cache, 3 + cache),
+                  "search": search, "search_small": search}
         for name, call in calls.items():
             given = getattr(call, "inputs", None), getattr(call, "outputs", None)  # None: torch's loader runs it
             if None not in given and given != counts[name]:
@@ -187,7 +191,7 @@ class AotiModel(GraphModel):
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.encoder(src)
 
-    def run_step(self, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def run_step(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         return self.step(*inputs)
 
 

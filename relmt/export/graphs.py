@@ -4,15 +4,21 @@ An engine (relmt/export/onnx.py, relmt/export/aoti.py) compiles two modules trac
 - `EncoderGraph`: source ids (B, S) -> the keep-mask (B, S) and every decoder layer's cross-attention keys and
   values, stacked (L, B, H, S, D): what `Transformer.encode` and `init_cache` compute once per batch;
 - `StepGraph`: one `Transformer.decode_step` on the explicit state: tokens (B, K), the keep-mask, the cross keys
-  and values, the self-attention keys and values of the t positions so far (L, N', H, t, D) and `order` (B, K),
-  the stored row each hypothesis continues, and `starts` (B, K), the cache slot where each hypothesis's sentence
-  began (all 0 but in continuous batching, relmt/decode/continuous.py); it returns the logits (N, V) and the keys
-  and values of the t + 1 positions (L, N, H, t + 1, D);
+  and values, the self-attention keys and values of the t positions so far, one (N', H, t, D) tensor per layer
+  each, and `order` (B, K), the stored row each hypothesis continues, and `starts` (B, K), the cache slot where
+  each hypothesis's sentence began (all 0 but in continuous batching, relmt/decode/continuous.py); it returns the
+  logits (N, V) and each layer's keys and then values of the t + 1 positions (N, H, t + 1, D);
 - `SearchGraph` (aoti only): `StepGraph` and the beam search's own step (relmt.decode.beam.beam_step) in one
   graph, so that a beam search step leaves Python once (issue 44 §7); it takes the starts too, and each sentence's
   step count is the slot less its start, so that continuous batching's step is one call as well (issue 70).
 Every position mode goes through the same graphs: Shaw's per-head and shared tables (which CTranslate2
 cannot hold), rope, alibi and t5 included.
+
+The self-attention keys and values go in and out one tensor per layer, not stacked (L, N, H, t, D): a step makes
+each layer's (N, H, t + 1, D) for its own attention, and a stacked output was a second copy of all of them, a pass
+over the whole cache at every step (a third of a step at 32 sentences 24 slots in; issue 76 §2,
+docs/results/engines/cache_copies.md). An engine takes and gives the graphs' arguments flat: the lists spread in
+place (`flat`; `nest` groups them back, for a graph run eagerly), and `flat_names` names them.
 
 `GraphModel` offers what the searches use of a `Transformer` (pad_id, encode, decode_step, eval), with
 `GraphMemory` and `GraphCache` as its decoding state, so beam search, sampling, n-best, the t2t/fairseq EOS
@@ -43,9 +49,38 @@ SEARCH_OUTPUTS = ("history", "alive", "pool_scores", "pool_tokens", "order", "se
 # Part of the key of every onnx and aoti artefact (relmt/export/engines.py: `dependencies`). Bump it whenever a
 # change to this file (or to the model code the graphs trace) changes what is exported: the graphs' inputs,
 # outputs or what they compute. Artefacts made by the older code then get rebuilt instead of reused.
-GRAPHS_VERSION = 5  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3);
+GRAPHS_VERSION = 6  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3);
 # 4: the search step's starts (continuous batching's step in one call, issue 70); 5: the step's attention written
-# out, and topk for the live candidates (issue 76 §3: docs/results/engines/step_profile.md)
+# out, and topk for the live candidates (issue 76 §3: docs/results/engines/step_profile.md); 6: the self-attention
+# keys and values one tensor per layer, and examples of batch size to trace with (issue 76 §2)
+CACHE = ("self_k", "self_v")  # the inputs (and outputs) that are one tensor per decoder layer
+
+
+def flat_names(names: tuple[str, ...], layers: int) -> list[str]:
+    """The names of a graph's flat inputs: self_k and self_v as self_k_0 .. self_k_{L-1} (as torch.export and the
+    ONNX exporter name a list's items)."""
+    return [f"{n}_{i}" if n in CACHE else n for n in names for i in (range(layers) if n in CACHE else (0,))]
+
+
+def flat(args) -> list[Tensor]:
+    """A graph's arguments as an engine takes them: each list spread in its place."""
+    return [x for a in args for x in (a if isinstance(a, (list, tuple)) else (a,))]
+
+
+def nest(inputs, names: tuple[str, ...], layers: int) -> list:
+    """The arguments of the graph whose inputs are `names`, from its flat inputs (`flat`'s inverse), for a graph run
+    eagerly: self_k and self_v as lists of `layers` tensors."""
+    out, i = [], 0
+    for name in names:
+        if i == len(inputs):  # an input the graph may go without (the step's starts)
+            break
+        if name in CACHE:
+            out.append(list(inputs[i:i + layers]))
+            i += layers
+        else:
+            out.append(inputs[i])
+            i += 1
+    return out
 
 
 class EncoderGraph(nn.Module):
@@ -64,17 +99,17 @@ class StepGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
-                self_v: Tensor, order: Tensor, starts: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, tokens: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: list[Tensor],
+                self_v: list[Tensor], order: Tensor, starts: Tensor | None = None) -> tuple[Tensor, ...]:
         # tokens, order and starts come as (B, K), K hypotheses per sentence: N = B * K stays symbolic in the graph.
-        # step.pt2 takes starts (continuous batching joins sentences at later slots); SearchGraph's step has none.
+        # starts: continuous batching joins sentences at later slots (all 0 offline).
         tokens, order = tokens.reshape(-1), order.reshape(-1)
-        layers = tuple(LayerCache(self_k[i], self_v[i], cross_k[i], cross_v[i]) for i in range(self_k.shape[0]))
+        layers = tuple(LayerCache(k, v, cross_k[i], cross_v[i]) for i, (k, v) in enumerate(zip(self_k, self_v)))
         memory = keep[:, :, None]  # decode_step reads only its batch size
-        logits, cache = self.model.decode_step(tokens, memory, keep, DecoderCache(layers, order), step=self_k.shape[3],
+        logits, cache = self.model.decode_step(tokens, memory, keep, DecoderCache(layers, order),
+                                               step=self_k[0].shape[2],
                                                starts=None if starts is None else starts.reshape(-1))
-        return (logits, torch.stack([lc.self_k for lc in cache.layers]),
-                torch.stack([lc.self_v for lc in cache.layers]))
+        return (logits, *(lc.self_k for lc in cache.layers), *(lc.self_v for lc in cache.layers))
 
 
 class SearchGraph(nn.Module):
@@ -92,20 +127,19 @@ class SearchGraph(nn.Module):
         self.step = StepGraph(model)
         self.pad_id = model.pad_id
 
-    def forward(self, history: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
-                self_v: Tensor, order: Tensor, starts: Tensor, alive: Tensor, pool_scores: Tensor,
+    def forward(self, history: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: list[Tensor],
+                self_v: list[Tensor], order: Tensor, starts: Tensor, alive: Tensor, pool_scores: Tensor,
                 pool_tokens: Tensor, limit: Tensor, min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor,
                 early_stop: Tensor, banned: Tensor | None = None) -> tuple[Tensor, ...]:
         b, k = alive.shape
-        logits, self_k, self_v = self.step(history[:, :, -1], keep, cross_k, cross_v, self_k, self_v, order, starts)
+        logits, *cache = self.step(history[:, :, -1], keep, cross_k, cross_v, self_k, self_v, order, starts)
         if banned is None:  # LoopGraph makes it outside its loop: a constant made inside a loop's body fails to compile
             banned = torch.tensor([self.pad_id, BOS_ID])
         rules = Rules(EOS_ID, banned, min_len, lenpen, power, t2t, early_stop)
         steps = (history.shape[2] - 1) - starts[:, 0]  # (B,) each sentence's steps so far
         beams, rows, done = beam_step(logits, Beams(history.reshape(b * k, -1), alive, pool_scores, pool_tokens,
                                                     limit), rules, self.pad_id, steps)
-        return (beams.tokens.view(b, k, -1), beams.alive, beams.pool_scores, beams.pool_tokens, rows, self_k,
-                self_v, done)
+        return (beams.tokens.view(b, k, -1), beams.alive, beams.pool_scores, beams.pool_tokens, rows, *cache, done)
 
 
 LOOP_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "alive", "pool_scores", "pool_tokens",
@@ -148,10 +182,11 @@ class LoopGraph(nn.Module):
             torch._check(n < slots)
             flat_k = self_k.view(layers, b * k, heads, slots, d_head)
             flat_v = self_v.view(layers, b * k, heads, slots, d_head)
-            new_history, alive, new_scores, new_tokens, rows, new_k, new_v, finished = self.search(
-                history.narrow(2, 0, n + 1), keep, cross_k, cross_v, flat_k.narrow(3, 0, n), flat_v.narrow(3, 0, n),
-                order, starts, alive, pool_scores, pool_tokens.narrow(2, 0, n), limit, min_len, lenpen, power, t2t,
-                early_stop, banned)
+            new_history, alive, new_scores, new_tokens, rows, *cache, finished = self.search(
+                history.narrow(2, 0, n + 1), keep, cross_k, cross_v, [x.narrow(2, 0, n) for x in flat_k],
+                [x.narrow(2, 0, n) for x in flat_v], order, starts, alive, pool_scores, pool_tokens.narrow(2, 0, n),
+                limit, min_len, lenpen, power, t2t, early_stop, banned)
+            new_k, new_v = torch.stack(cache[:layers]), torch.stack(cache[layers:])
             # a sentence done before this step keeps its pool, as if it had left the search
             pool_scores = torch.where(done[:, None], pool_scores, new_scores)
             pool_tokens = torch.where(done[:, None, None], pool_tokens,
@@ -178,39 +213,48 @@ def shape_of(model: Transformer) -> dict:
             "rope": isinstance(model.decoder_positions, Rotary)}
 
 
-def examples(model: Transformer) -> tuple[tuple, tuple, dict, dict]:
-    """Inputs to trace with (sizes over 1, so that no dimension is taken for a constant) and the dynamic
-    dimensions of each graph."""
+# The sizes to trace with: sentences, beams, stored cache rows, source length, slots so far; each over 1, so that no
+# dimension is taken for a constant. The graphs are dynamic in all of them, but inductor's CPU code decides at compile
+# time whether a loop is split over the threads, from the sizes it was traced at (its size hints, against
+# cpp.min_chunk_size): traced at "few" rows, every copy of the self-attention cache ran on one thread at 32 sentences
+# per batch. An engine compiles its graphs for many rows at "many", and search_small.pt2 (one sentence) at "few".
+EXAMPLE_SIZES = {"few": (2, 3, 4, 5, 3), "many": (8, 4, 30, 24, 16)}
+
+
+def examples(model: Transformer, rows: str = "few") -> tuple[tuple, tuple, dict, dict]:
+    """Inputs to trace with (at EXAMPLE_SIZES[rows]) and the dynamic dimensions of each graph."""
     shape = shape_of(model)
     layers, heads, d_head = shape["layers"], shape["heads"], shape["d_head"]
-    b, k, m, s, t = 2, 3, 4, 5, 3
+    b, k, m, s, t = EXAMPLE_SIZES[rows]
     src = torch.full((b, s), model.pad_id + 4, dtype=torch.long)
     step = (torch.full((b, k), model.pad_id + 4, dtype=torch.long), torch.ones(b, s, dtype=torch.bool),
             *(torch.randn(layers, b, heads, s, d_head) for _ in range(2)),
-            *(torch.randn(layers, m, heads, t, d_head) for _ in range(2)), (torch.arange(b * k) % m).view(b, k),
-            # starts: the second sentence joined at slot 1, so that the graph masks slots by a traced comparison
-            torch.tensor([0, 1]).repeat_interleave(k).view(b, k))
+            *([torch.randn(m, heads, t, d_head) for _ in range(layers)] for _ in range(2)),
+            (torch.arange(b * k) % m).view(b, k),
+            # starts: every second sentence joined at slot 1, so that the graph masks slots by a traced comparison
+            (torch.arange(b) % 2).repeat_interleave(k).view(b, k))
     big = 1 << 20
     B, K, S, M = (torch.export.Dim(name, min=1, max=big) for name in ("B", "K", "S", "M"))
     T = torch.export.Dim("T", min=0, max=big)
     encoder_dims = {"src": {0: B, 1: S}}
     step_dims = {"tokens": {0: B, 1: K}, "keep": {0: B, 1: S}, "cross_k": {1: B, 3: S}, "cross_v": {1: B, 3: S},
-                 "self_k": {1: M, 3: T}, "self_v": {1: M, 3: T}, "order": {0: B, 1: K}, "starts": {0: B, 1: K}}
+                 "self_k": [{0: M, 2: T}] * layers, "self_v": [{0: M, 2: T}] * layers, "order": {0: B, 1: K},
+                 "starts": {0: B, 1: K}}
     return (src,), step, encoder_dims, step_dims
 
 
-def search_examples(model: Transformer) -> tuple[tuple, dict]:
-    """Inputs to trace SearchGraph with, and its dynamic dimensions."""
-    _, step, _, step_dims = examples(model)
+def search_examples(model: Transformer, rows: str = "few") -> tuple[tuple, dict]:
+    """Inputs to trace SearchGraph with (at EXAMPLE_SIZES[rows]), and its dynamic dimensions."""
+    _, step, _, step_dims = examples(model, rows)
     tokens, keep, cross_k, cross_v, self_k, self_v, order, starts = step
     b, k = tokens.shape
-    t = self_k.shape[3]
+    t = self_k[0].shape[2]
     history = torch.full((b, k, t + 1), model.pad_id + 4, dtype=torch.long)
     scores = torch.randn(b, k)
     search = (history, keep, cross_k, cross_v, self_k, self_v, order, starts, scores, scores.clone(),
               torch.full((b, k, t), model.pad_id, dtype=torch.long), torch.full((b,), t + 2),
               torch.tensor(1), torch.tensor(0.6, dtype=torch.float64), *map(torch.tensor, (False, True, False)))
-    B, K, T = step_dims["tokens"][0], step_dims["tokens"][1], step_dims["self_k"][3]
+    B, K, T = step_dims["tokens"][0], step_dims["tokens"][1], step_dims["self_k"][0][2]
     dims = {name: step_dims[name] for name in ("keep", "cross_k", "cross_v", "self_k", "self_v", "order", "starts")}
     dims |= {"history": {0: B, 1: K, 2: T + 1}, "alive": {0: B, 1: K}, "pool_scores": {0: B, 1: K},
              "pool_tokens": {0: B, 1: K, 2: T}, "limit": {0: B}} | {name: None for name in SEARCH_INPUTS[SETTINGS:]}
@@ -268,16 +312,16 @@ class GraphMemory:
 
 @dataclass(frozen=True)
 class GraphCache:
-    """The decoder state between steps: self-attention keys and values (L, N', H, t, D), and the stored row
-    each hypothesis continues (`order`, None: row b), as `DecoderCache` keeps them."""
+    """The decoder state between steps: each layer's self-attention keys and values (N', H, t, D), and the stored
+    row each hypothesis continues (`order`, None: row b), as `DecoderCache` keeps them."""
 
-    self_k: Tensor
-    self_v: Tensor
+    self_k: tuple[Tensor, ...]
+    self_v: tuple[Tensor, ...]
     order: Tensor | None = None
 
     @property
     def length(self) -> int:
-        return self.self_k.shape[3]
+        return self.self_k[0].shape[2]
 
     def select(self, rows: Tensor, sentences: Tensor | None = None) -> GraphCache:
         """Hypothesis b becomes what hypothesis rows[b] was; the sentences live in GraphMemory."""
@@ -287,19 +331,28 @@ class GraphCache:
     def joined(self, rows: int) -> GraphCache:
         """The hypotheses in order and then `rows` new ones whose slots so far are empty (continuous batching:
         relmt/decode/continuous.py's `join`, which masks them by the new sentences' starts)."""
-        k, v = ((x if self.order is None else x.index_select(1, self.order)) for x in (self.self_k, self.self_v))
-        empty = k.new_zeros(k.shape[0], rows, *k.shape[2:])
-        return GraphCache(torch.cat((k, empty), dim=1), torch.cat((v, empty), dim=1))
+        def grown(x: Tensor) -> Tensor:  # one copy: the stored rows gathered straight into the grown tensor
+            n = x.shape[0] if self.order is None else self.order.shape[0]
+            out = x.new_empty(n + rows, *x.shape[1:])
+            if self.order is None:
+                out[:n] = x
+            else:
+                torch.index_select(x, 0, self.order, out=out[:n])
+            out[n:] = 0
+            return out
+
+        return GraphCache(tuple(map(grown, self.self_k)), tuple(map(grown, self.self_v)))
 
     def trimmed(self, cut: int) -> GraphCache:
         """Without the first `cut` slots (continuous batching, when no sentence uses them)."""
-        return GraphCache(self.self_k[:, :, :, cut:], self.self_v[:, :, :, cut:], self.order)
+        return GraphCache(tuple(x[:, :, cut:] for x in self.self_k), tuple(x[:, :, cut:] for x in self.self_v),
+                          self.order)
 
 
 class GraphModel:
     """The interface the searches use of a Transformer, over an engine's two graphs: a subclass gives
-    `run_encoder(src) -> (keep, cross_k, cross_v)` and `run_step(*inputs in STEP_INPUTS order) -> (logits,
-    self_k, self_v)`, CPU tensors in and out."""
+    `run_encoder(src) -> (keep, cross_k, cross_v)` and `run_step(*inputs in STEP_INPUTS order, flat) -> (logits,
+    each layer's self_k, each layer's self_v)`, CPU tensors in and out."""
 
     training = False
 
@@ -314,10 +367,10 @@ class GraphModel:
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
-    def run_step(self, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def run_step(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         raise NotImplementedError
 
-    run_search = None  # an engine with a SearchGraph: run_search(*inputs in SEARCH_INPUTS order) -> its outputs
+    run_search = None  # an engine with a SearchGraph: run_search(*inputs in SEARCH_INPUTS order, flat) -> its outputs
     _settings: tuple = (None, ())  # the last search's settings and their tensors
 
     def searches(self, rules: Rules) -> bool:
@@ -344,11 +397,11 @@ class GraphModel:
                 torch.tensor(LengthNorm(rules.norm) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
                 torch.tensor(bool(rules.early_stop)))
         settings = self._settings[1]
-        history, alive, pool_scores, pool_tokens, rows, self_k, self_v, done = self.run_search(
-            beams.tokens.view(b, k, -1), src_mask, memory.cross_k, memory.cross_v, cache.self_k, cache.self_v,
+        history, alive, pool_scores, pool_tokens, rows, *kv, done = self.run_search(
+            beams.tokens.view(b, k, -1), src_mask, memory.cross_k, memory.cross_v, *cache.self_k, *cache.self_v,
             order.view(b, k), starts, beams.alive, beams.pool_scores, beams.pool_tokens, beams.limit, *settings)
         return (Beams(history.view(b * k, -1), alive, pool_scores, pool_tokens, beams.limit), done,
-                GraphCache(self_k, self_v, rows))
+                GraphCache(tuple(kv[: self.layers]), tuple(kv[self.layers:]), rows))
 
     def eval(self) -> GraphModel:
         return self
@@ -362,7 +415,7 @@ class GraphModel:
 
     def init_cache(self, memory: GraphMemory, hypotheses: int) -> GraphCache:
         """An empty cache for `hypotheses` rows (the cross keys and values live in the memory)."""
-        empty = torch.zeros(self.layers, hypotheses, self.heads, 0, self.d_head)
+        empty = (torch.zeros(hypotheses, self.heads, 0, self.d_head),) * self.layers
         return GraphCache(empty, empty)
 
     def decode_step(self, tokens: Tensor, memory: GraphMemory, src_mask: Tensor, cache: GraphCache | None = None,
@@ -375,11 +428,11 @@ class GraphModel:
         if cache.length != step:
             raise ValueError(f"decode_step(step={step}) got a cache holding {cache.length} positions")
         order = cache.order if cache.order is not None else torch.arange(n)
-        inputs = [tokens.reshape(b, -1), src_mask, memory.cross_k, memory.cross_v, cache.self_k, cache.self_v,
+        inputs = [tokens.reshape(b, -1), src_mask, memory.cross_k, memory.cross_v, *cache.self_k, *cache.self_v,
                   order.reshape(b, -1)]
         if self.starts:
             inputs.append((starts if starts is not None else torch.zeros_like(order)).reshape(b, -1))
         elif starts is not None:
             raise ValueError("decode_step(starts=...): this export's step graph takes no starts; export it again")
-        logits, self_k, self_v = self.run_step(*inputs)
-        return logits, GraphCache(self_k, self_v)
+        logits, *kv = self.run_step(*inputs)
+        return logits, GraphCache(tuple(kv[: self.layers]), tuple(kv[self.layers:]))

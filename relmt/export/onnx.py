@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from relmt.errors import UserError
-from relmt.export.graphs import STEP_INPUTS, EncoderGraph, GraphModel, StepGraph, examples, shape_of
+from relmt.export.graphs import STEP_INPUTS, EncoderGraph, GraphModel, StepGraph, examples, flat_names, shape_of
 from relmt.model.transformer import Transformer
 
 FILES = ("encoder.onnx", "step.onnx", "onnx.json")
@@ -80,6 +80,6 @@ class OnnxModel(GraphModel):
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return tuple(map(torch.from_numpy, self.encoder.run(None, {"src": src.numpy()})))
 
-    def run_step(self, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        feed = {name: x.contiguous().numpy() for name, x in zip(STEP_INPUTS, inputs)}
+    def run_step(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        feed = {name: x.contiguous().numpy() for name, x in zip(flat_names(STEP_INPUTS, self.layers), inputs)}
         return tuple(map(torch.from_numpy, self.step.run(None, {k: feed[k] for k in self._step_inputs})))

@@ -25,7 +25,7 @@ import torch
 from relmt.bench import command_line, hardware, markdown_table, write_json
 from relmt.config import ModelConfig, PosKind
 from relmt.export.aoti import AotiModel, export_aoti
-from relmt.export.graphs import StepGraph
+from relmt.export.graphs import STEP_INPUTS, StepGraph, nest
 from relmt.export.onnx import OnnxModel, export_onnx
 from relmt.model.transformer import build_model
 from relmt.runtime import tune_cpu
@@ -47,9 +47,11 @@ def inputs(model, batch: int, beam: int, source: int, position: int):
     layers, heads, d_head = len(model.decoder_layers), first.n_heads, first.d_head
     n = batch * beam
     tokens = torch.randint(4, model.tgt_embed.num_embeddings, (batch, beam))
+    # the step's inputs as an engine takes them (relmt.export.graphs.flat): the cache one tensor per layer
     return (tokens, torch.ones(batch, source, dtype=torch.bool),
             *(torch.randn(layers, batch, heads, source, d_head) for _ in range(2)),
-            *(torch.randn(layers, n, heads, position, d_head) for _ in range(2)), torch.arange(n).view(batch, beam))
+            *(torch.randn(n, heads, position, d_head) for _ in range(2 * layers)), torch.arange(n).view(batch, beam),
+            torch.zeros(batch, beam, dtype=torch.long))
 
 
 def main() -> None:
@@ -72,7 +74,9 @@ def main() -> None:
     torch.manual_seed(1)
     cfg = ModelConfig(d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3, positions=PosKind.rel)
     model = build_model(cfg, args.vocab, 0).eval()
-    engines, build = {"eager": StepGraph(model).eval()}, {"eager": 0.0}
+    eager = StepGraph(model).eval()
+    engines = {"eager": lambda *x: eager(*nest(x, STEP_INPUTS, len(model.decoder_layers)))}
+    build = {"eager": 0.0}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         t0 = time.perf_counter()
         engines["onnx"] = OnnxModel(export_onnx(model, Path(tmp) / "onnx"), threads=torch.get_num_threads()).run_step

@@ -90,7 +90,7 @@ def step_inputs(model, slots: int, source: int) -> tuple:
     settings = search_examples(model)[0][12:]
     return (history, torch.ones(b, source, dtype=torch.bool),
             *(torch.randn(layers, b, heads, source, d_head, generator=g) for _ in range(2)),
-            *(torch.randn(layers, b * k, heads, slots, d_head, generator=g) for _ in range(2)),
+            *(torch.randn(b * k, heads, slots, d_head, generator=g) for _ in range(2 * layers)),
             torch.arange(b * k).view(b, k), torch.zeros(b, k, dtype=torch.long), torch.zeros(b, k),
             torch.full((b, k), -1e9), torch.full((b, k, slots), PAD_ID), torch.tensor([slots + 20]), *settings)
 
