@@ -49,13 +49,15 @@ def run_schedule(model, cfg: DecodeConfig, schedule: dict[int, list[int]]) -> di
     return out
 
 
+@pytest.mark.parametrize("on", ["model", "search graph"])
 @pytest.mark.parametrize("mode", SERVED)
-def test_sentences_joining_a_running_search_get_what_they_get_alone(mode, float64):
+def test_sentences_joining_a_running_search_get_what_they_get_alone(mode, on, float64):
     """Sentences join at steps 0, 2 and 3, and after the first ones finished (the cut of unused front
-    slots); each gets beam_search's hypotheses for it alone: the same tokens, the scores to rounding."""
+    slots); each gets beam_search's hypotheses for it alone: the same tokens, the scores to rounding. On an
+    engine's graphs too, whose joins copy no cache and whose cuts wait for a quarter of the slots."""
     model = make(mode)
     cfg = DecodeConfig(beam=3, nbest=3, lenpen=0.6, max_len_a=1.0, max_len_b=4)
-    out = run_schedule(model, cfg, {0: [0], 2: [1, 2], 3: [3], 12: [4]})
+    out = run_schedule(model if on == "model" else EagerGraphs(model), cfg, {0: [0], 2: [1, 2], 3: [3], 12: [4]})
     for i, hyps in out.items():
         want = alone(model, SOURCES[i], cfg)
         assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"
@@ -179,3 +181,22 @@ def test_engines_without_starts_or_with_rope_are_served_batch_by_batch():
     old.starts = old.continuous = False  # an export made before the step graph took starts (GRAPHS_VERSION < 3)
     assert not continuous.supports(old, DecodeConfig())
     assert continuous.supports(EagerGraphs(make("rel")), DecodeConfig())
+
+
+def test_an_engine_cache_joins_without_a_copy_and_cuts_once_a_quarter_of_its_slots_is_unused(float64):
+    """On an engine's graphs (relmt/export/graphs.py's GraphCache) a join copies no keys or values: the new
+    hypotheses continue a stored row that their starts mask out. A cut of the front slots copies every layer's
+    (the graph takes its cache contiguous), so `trim` leaves fewer than a quarter of the slots in place, masked."""
+    graphs = EagerGraphs(make("rel"))
+    cfg = DecodeConfig(beam=2, max_len_a=3.0, max_len_b=20)
+    run = continuous.start(graphs, src_of(SOURCES[:1]), [0], cfg, BOS)
+    for _ in range(7):
+        run, _ = continuous.advance(graphs, run, cfg, BOS, EOS)
+    joined = continuous.join(run, continuous.start(graphs, src_of(SOURCES[1:2]), [1], cfg, BOS), PAD)
+    assert all(a is b for a, b in zip(joined.cache.self_k + joined.cache.self_v, run.cache.self_k + run.cache.self_v))
+    assert joined.cache.order.tolist() == run.cache.order.tolist() + [0, 0]
+    slots = joined.tokens.shape[1]
+    for cut, kept in ((slots // 4 - 1, slots), (slots // 4 + 1, slots - slots // 4 - 1)):
+        later = replace(joined, starts=torch.tensor([cut, cut + 1]))
+        assert continuous.trim(later, PAD).tokens.shape[1] == kept
+        assert continuous.trim(later, PAD).cache.length == later.cache.length - (slots - kept)

@@ -330,18 +330,11 @@ class GraphCache:
 
     def joined(self, rows: int) -> GraphCache:
         """The hypotheses in order and then `rows` new ones whose slots so far are empty (continuous batching:
-        relmt/decode/continuous.py's `join`, which masks them by the new sentences' starts)."""
-        def grown(x: Tensor) -> Tensor:  # one copy: the stored rows gathered straight into the grown tensor
-            n = x.shape[0] if self.order is None else self.order.shape[0]
-            out = x.new_empty(n + rows, *x.shape[1:])
-            if self.order is None:
-                out[:n] = x
-            else:
-                torch.index_select(x, 0, self.order, out=out[:n])
-            out[n:] = 0
-            return out
-
-        return GraphCache(tuple(map(grown, self.self_k)), tuple(map(grown, self.self_v)))
+        relmt/decode/continuous.py's `join`, which masks them by the new sentences' starts). Nothing is copied: the
+        new hypotheses continue stored row 0, whose keys and values their mask leaves out (a weight of exactly 0
+        on a finite value), and the next step's gather by `order` makes their rows as it makes every other's."""
+        order = torch.arange(self.self_k[0].shape[0]) if self.order is None else self.order
+        return GraphCache(self.self_k, self.self_v, torch.cat((order, order.new_zeros(rows))))
 
     def trimmed(self, cut: int) -> GraphCache:
         """Without the first `cut` slots (continuous batching, when no sentence uses them)."""
