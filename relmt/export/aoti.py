@@ -35,12 +35,14 @@ log = logging.getLogger(__name__)
 
 FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_small.pt2, where the export has them
 AOTI_VERSION = 5  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK;
-# 5: the graphs for many rows traced at many rows (relmt.export.graphs.EXAMPLE_SIZES)
+# 5: the graphs for many rows traced at many rows (relmt.export.graphs.EXAMPLE_SIZES), and int8's search_small.pt2
 # (a change makes a new artefact: relmt/export/engines.py's dependencies)
 # At a few rows (sentences x beams) a step's GEMMs are the library calls of oneDNN's prepacked products, and
 # inductor's own C++ GEMM template, autotuned at the examples' 6 rows (graphs.examples), runs them faster; at more
 # rows it is slower. search_small.pt2 is the search graph compiled so, run up to SMALL_ROWS rows: one sentence at
-# beam 4 (docs/results/engines/aoti_small_rows.md: faster at one sentence, slower from two).
+# beam 4 (docs/results/engines/aoti_small_rows.md: faster at one sentence, slower from two). An int8 export compiles
+# it too, traced at few rows but without the template (it takes no int8 operands): search.pt2, traced at many rows
+# since AOTI_VERSION 5, splits a step's small loops over the threads, which costs one sentence more than it gives.
 SMALL_ROWS = 4
 SMALL_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "autotune_num_choices_displayed": 0}
 # Inductor writes each autotuned GEMM's choices and timings to stderr as a JSON blob after "Autotune Choices Stats:"
@@ -81,9 +83,9 @@ def compile_threads() -> int:
 def export_aoti(model: Transformer, directory: str | Path, quantization: str = "float32",
                 kept_in: str | Path | None = None) -> Path:
     """Compile encoder.pt2, step.pt2, search.pt2 and search_small.pt2 and write aoti.json into `directory`; with
-    quantization=int8, of a copy with int8 linear maps (relmt/export/quantize.py), without search_small.pt2
-    (inductor's GEMM template autotunes float32 products; an int8 one stays an `_int_mm`). A log line (WARNING: the
-    CLIs show no INFO) before each graph names it and where the packages are kept (`kept_in`: the folder
+    quantization=int8, of a copy with int8 linear maps (relmt/export/quantize.py), its search_small.pt2 without
+    inductor's GEMM template (which autotunes float32 products; an int8 one stays an `_int_mm`). A log line
+    (WARNING: the CLIs show no INFO) before each graph names it and where the packages are kept (`kept_in`: the folder
     `directory` becomes, where it is a build folder; default `directory`), and one after it its time."""
     check_compiler()
     directory = Path(directory)
@@ -97,13 +99,13 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
     elif quantization != "float32":
         raise UserError(f"quantization={quantization}: engine=aoti compiles float32 or int8 weights")
     # traced at many rows, so that inductor splits a batch's loops over the threads (graphs.EXAMPLE_SIZES), and
-    # search_small.pt2 at few, the rows its GEMM template is autotuned at
+    # search_small.pt2 at few (the rows its GEMM template is autotuned at, and one sentence's)
     src, step, encoder_dims, step_dims = examples(model, "many")
     search, search_dims = search_examples(model, "many")
     todo = [("encoder", EncoderGraph(model), src, encoder_dims, {}), ("step", StepGraph(model), step, step_dims, {}),
             ("search", SearchGraph(model), search, search_dims, {}),
-            *([("search_small", SearchGraph(model), *search_examples(model, "few"), SMALL_CONFIGS)]
-              if quantization == "float32" else [])]
+            ("search_small", SearchGraph(model), *search_examples(model, "few"),
+             SMALL_CONFIGS if quantization == "float32" else {})]
     began = time.perf_counter()
     with warnings.catch_warnings():  # the compiler's deprecation chatter is not the user's business
         warnings.simplefilter("ignore")
