@@ -34,8 +34,8 @@ from relmt.model.transformer import Transformer
 log = logging.getLogger(__name__)
 
 FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_small.pt2, where the export has them
-AOTI_VERSION = 5  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK;
-# 5: the graphs for many rows traced at many rows (relmt.export.graphs.EXAMPLE_SIZES), and int8's search_small.pt2
+AOTI_VERSION = 6  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK;
+# 5: the graphs for many rows traced at many rows (relmt.export.graphs.EXAMPLE_SIZES); 6: int8's search_small.pt2
 # (a change makes a new artefact: relmt/export/engines.py's dependencies)
 # At a few rows (sentences x beams) a step's GEMMs are the library calls of oneDNN's prepacked products, and
 # inductor's own C++ GEMM template, autotuned at the examples' 6 rows (graphs.examples), runs them faster; at more
