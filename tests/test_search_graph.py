@@ -15,6 +15,7 @@ from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import beam_search
 from relmt.export.graphs import (
     SEARCH_INPUTS,
+    SEARCH_OUTPUTS,
     STEP_INPUTS,
     EncoderGraph,
     GraphModel,
@@ -143,3 +144,32 @@ def test_an_aoti_export_runs_search_small_for_steps_of_few_rows(tmp_path, monkey
     assert [package(1, 4), package(2, 2), package(1, 1), package(2, 4), package(1, 5)] == ["search_small.pt2"] * 3 + [
         "search.pt2"] * 2
     assert package(5, 4) == package(32, 4) == "search.pt2"
+
+
+def test_the_graphs_take_the_cache_one_tensor_per_layer_and_flat():
+    """Since GRAPHS_VERSION 6 the step and search graphs take and give each layer's self-attention keys and values
+    apart (no stacked copy of them at every step; docs/results/engines/cache_copies.md). An engine's flat inputs
+    group back into the graph's arguments (`nest`, `flat`'s inverse), and scripts/bench/cache_copies.py's `Stacked`,
+    the search graph with the stacked cache it replaced, gives the same step, bit for bit."""
+    import importlib.util
+
+    from relmt.export.graphs import flat, flat_names, search_examples
+
+    model = random_model(model_config(positions=PosKind.rel), VOCAB, seed=1).eval()
+    layers = len(model.decoder_layers)
+    args, _ = search_examples(model, "many")
+    inputs = flat(args)
+    assert len(inputs) == len(SEARCH_INPUTS) - 2 + 2 * layers == len(flat_names(SEARCH_INPUTS, layers))
+    assert flat_names(SEARCH_INPUTS, layers)[4:4 + layers] == [f"self_k_{i}" for i in range(layers)]
+    grouped = nest(inputs, SEARCH_INPUTS, layers)
+    assert all(a is b for x, y in zip(args, grouped) for a, b in zip(flat([x]), flat([y])))
+    script = Path(__file__).parents[1] / "scripts/bench/cache_copies.py"
+    spec = importlib.util.spec_from_file_location("cache_copies", script)
+    cache_copies = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cache_copies)
+    stacked = (*args[:4], torch.stack(args[4]), torch.stack(args[5]), *args[6:])  # the same state, stacked
+    with torch.no_grad():
+        apart, together = SearchGraph(model)(*grouped), cache_copies.Stacked(model)(*stacked)
+    assert len(apart) == len(SEARCH_OUTPUTS) - 2 + 2 * layers
+    assert torch.equal(torch.stack(apart[5:5 + layers]), together[5]) and torch.equal(apart[0], together[0])
+    assert all(torch.equal(a, b) for a, b in zip(apart[:5], together[:5]))
