@@ -16,8 +16,8 @@ cannot hold), rope, alibi and t5 included.
 
 The self-attention keys and values go in and out one tensor per layer, not stacked (L, N, H, t, D): a step makes
 each layer's (N, H, t + 1, D) for its own attention, and a stacked output was a second copy of all of them, a pass
-over the whole cache at every step (a third of a step at 32 sentences 24 slots in; issue 76 §2,
-docs/results/engines/cache_copies.md). An engine takes and gives the graphs' arguments flat: the lists spread in
+over the whole cache at every step (without it a step at 32 sentences 24 slots in takes 0.88x its time; issue 76
+§2, docs/results/engines/cache_copies.md). An engine takes and gives the graphs' arguments flat: the lists spread in
 place (`flat`; `nest` groups them back, for a graph run eagerly), and `flat_names` names them.
 
 `GraphModel` offers what the searches use of a `Transformer` (pad_id, encode, decode_step, eval), with

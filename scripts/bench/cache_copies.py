@@ -95,9 +95,15 @@ def step_state(model, sentences: int, slots: int, source: int, layers_apart: boo
             torch.full((b,), slots + 40), *settings)
 
 
-def same_step(a: tuple, b: tuple, layers: int) -> tuple[bool, float]:
-    """Whether a stacked step's outputs `a` and a per-layer one's `b` agree: ids equal, floats within 1e-5."""
-    b = (*b[:5], torch.stack(b[5:5 + layers]), torch.stack(b[5 + layers:5 + 2 * layers]), b[-1])
+def stacked_outputs(out: tuple, layers: int) -> tuple:
+    """A step's outputs with the cache stacked (L, N, H, t + 1, D), as `Stacked` gives them."""
+    if len(out) == 8:
+        return out
+    return (*out[:5], torch.stack(out[5:5 + layers]), torch.stack(out[5 + layers:5 + 2 * layers]), out[-1])
+
+
+def same_step(a: tuple, b: tuple) -> tuple[bool, float]:
+    """Whether two steps' stacked outputs agree: ids equal, floats within 1e-5; and the largest float difference."""
     ids = all(torch.equal(x, y) for x, y in zip(a, b) if not x.is_floating_point())
     diff = max(float((x - y).abs().max()) for x, y in zip(a, b) if x.is_floating_point() and x.numel())
     return ids and diff <= 1e-5, diff
@@ -127,16 +133,14 @@ def main() -> None:
             stacked = step_state(model, args.sentences, slots, args.source, False)
             apart = step_state(model, args.sentences, slots, args.source, True)
             inputs = {"before": stacked, "many rows": stacked, "now": apart}
-            outs = {name: run(*inputs[name]) for name, run in runs.items()}
+            outs = {name: stacked_outputs(run(*inputs[name]), layers) for name, run in runs.items()}
             for name in ("many rows", "now"):
-                other = outs[name] if name == "now" else (*outs[name][:5], *outs[name][5].unbind(0),
-                                                          *outs[name][6].unbind(0), outs[name][7])
-                same, diff = same_step(outs["before"], other, layers)
+                same, diff = same_step(outs["before"], outs[name])
                 all_same, worst = all_same and same, max(worst, diff)
             best = dict.fromkeys(names, float("inf"))
-            for run in runs.values():
+            for name, run in runs.items():  # warm-up
                 for _ in range(3):
-                    run(*stacked) if run is not runs["now"] else run(*apart)
+                    run(*inputs[name])
             for _ in range(args.repeats):
                 for name, run in runs.items():
                     start = time.perf_counter()
