@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -296,6 +297,16 @@ class _Dispatch(TorchDispatchMode):
         return self.lane.run(func, args, kwargs or {})
 
 
+def _while_loop(cond_fn, body_fn, carried_inputs):
+    """torch's while_loop (relmt.export.graphs.LoopGraph) as the plain loop it means, run eagerly: torch's own
+    eager while_loop goes through Dynamo, which the lane's tensors are out of reach of. The host reads the
+    predicate at each iteration, a counted sync, as an eager loop on a GPU does."""
+    carried = tuple(carried_inputs)
+    while bool(cond_fn(*carried)):
+        carried = tuple(body_fn(*carried))
+    return carried
+
+
 def _to_lane_device(x):
     if isinstance(x, (str, torch.device)) and not isinstance(x, Tensor):
         try:
@@ -384,6 +395,11 @@ def fake_cuda(data: str = "cpu") -> Iterator[Lane]:
     }
     with contextlib.ExitStack() as stack:
         mp = stack.enter_context(_patch())
+        try:
+            # the module, not the function of the same name that torch._higher_order_ops exports
+            mp.setattr(importlib.import_module("torch._higher_order_ops.while_loop"), "while_loop", _while_loop)
+        except ImportError:  # a torch without while_loop: nothing of relmt's uses it there
+            pass
         for name, fn in patches.items():
             mp.setattr(torch.cuda, name, fn)
         engine = torch.autograd._engine_run_backward

@@ -62,7 +62,8 @@ def test_the_call_scripts_parse_and_the_checker_knows_each_calls_phases():
     check = load_script("rehearse_check")
     assert check.call_phases("1") == ["train43", "big", "conv", "total"]
     assert check.call_phases("2") == ["tests", "suite", "m30k", "total"]  # m30k, started first, ends last
-    assert subprocess.run(["bash", str(ROOT / "scripts/gpu/call.sh"), "3"], capture_output=True).returncode == 2
+    assert check.call_phases("3") == ["decode", "total"]
+    assert subprocess.run(["bash", str(ROOT / "scripts/gpu/call.sh"), "4"], capture_output=True).returncode == 2
 
 
 def test_the_lane_puts_a_whole_process_on_cuda():

@@ -21,21 +21,22 @@ SOURCES = [[5, 9, 13, 7, EOS_ID], [11, 6, EOS_ID], [8, 8, 12, 15, 9, 10, 6, EOS_
 def loop_search(model, src: torch.Tensor, beam: int, min_len: int, lenpen: float, power: bool, t2t: bool,
                 early_stop: bool) -> list:
     """LoopGraph's search with each sentence's step limit |x| + 2, its buffers as long as the longest."""
-    shape = shape_of(model)
+    shape, device = shape_of(model), src.device
     memory, keep = model.encode(src)
     limit = max_lengths(keep, A, B)
     slots = int(limit.max())
     cross = [torch.stack(kv) for kv in zip(*(layer.cross_attn.project_kv(memory) for layer in model.decoder_layers))]
     b = src.shape[0]
-    history = torch.full((b, beam, slots + 1), PAD_ID)
+    history = torch.full((b, beam, slots + 1), PAD_ID, device=device)
     history[:, :, 0] = BOS_ID
-    alive = torch.full((b, beam), float("-inf"))
+    alive = torch.full((b, beam), float("-inf"), device=device)
     alive[:, 0] = 0.0
-    cache = torch.zeros(shape["layers"], b, beam, shape["heads"], slots, shape["d_head"])
+    cache = torch.zeros(shape["layers"], b, beam, shape["heads"], slots, shape["d_head"], device=device)
     pool_scores, pool_tokens, steps = LoopGraph(model)(
-        history, keep, *cross, cache, cache.clone(), alive, torch.full((b, beam), float("-inf")),
-        torch.full((b, beam, slots), PAD_ID), limit, torch.tensor(min_len),
-        torch.tensor(lenpen, dtype=torch.float64), torch.tensor(power), torch.tensor(t2t), torch.tensor(early_stop))
+        history, keep, *cross, cache, cache.clone(), alive, torch.full((b, beam), float("-inf"), device=device),
+        torch.full((b, beam, slots), PAD_ID, device=device), limit, torch.tensor(min_len, device=device),
+        torch.tensor(lenpen, dtype=torch.float64, device=device),
+        *(torch.tensor(flag, device=device) for flag in (power, t2t, early_stop)))
     return finished_hypotheses(pool_scores, pool_tokens[:, :, :int(steps)], (EOS_ID, PAD_ID))
 
 
@@ -61,3 +62,27 @@ def test_the_loop_gives_beam_searchs_hypotheses(rules, positions):
         for ours, reference in zip(mine, theirs):
             assert [h.tokens for h in ours[:rules["beam"]]] == [h.tokens for h in reference]
             assert [h.score for h in ours[:rules["beam"]]] == pytest.approx([h.score for h in reference], abs=1e-5)
+
+
+def test_the_loop_runs_on_cuda_as_on_the_cpu():
+    """The device lane (tests/fake_cuda.py) runs the loop eagerly on "CUDA": every tensor it makes names the device,
+    it gives the CPU's hypotheses, and the host reads the device twice a step (the loop's predicate and the step
+    count that sizes the slots so far): what scripts/bench/decode_gpu.py's compiled loop does on a GPU, without
+    the per-step search's reads."""
+    from tests.fake_cuda import fake_cuda
+
+    rules = dict(beam=4, min_len=1, lenpen=0.6, power=False, t2t=True, early_stop=False)
+    model = random_model(model_config(positions=PosKind.rel), 20, seed=3).eval()
+    width = max(map(len, SOURCES))
+    rows = [s + [PAD_ID] * (width - len(s)) for s in SOURCES]
+    with torch.no_grad():
+        cpu = loop_search(model, torch.tensor(rows), **rules)
+        with fake_cuda() as lane:
+            src = torch.tensor(rows, device="cuda")
+            steps = int(max_lengths(src != PAD_ID, A, B).max())
+            cuda = loop_search(model.to("cuda"), src, **rules)
+    loop_reads = [s.where for s in lane.syncs if "export/graphs.py" in s.where]
+    assert [[h.tokens for h in hs] for hs in cuda] == [[h.tokens for h in hs] for hs in cpu]
+    assert [h.score for hs in cuda for h in hs] == pytest.approx([h.score for hs in cpu for h in hs], abs=1e-5)
+    # each step: the predicate and t.item(); then the predicate that ends the loop (here at the step limit)
+    assert len(loop_reads) == 2 * steps + 1, loop_reads

@@ -7,6 +7,8 @@
 #      updates, and whether it compiles)
 #   2  correctness side by side: the Multi30k recipe (rel) trains in the background while the CUDA tests and the
 #      suite run; its test2016 BLEU goes beside the CPU seeds'
+#   3  decoding (issue 76 §4), only where status leaves 150 s after the two: one sentence at a time and 32 per
+#      batch, a Python step per token against the whole search in one AOTInductor call (scripts/bench/decode_gpu.py)
 set -u
 cd "$(dirname "$0")/../.."
 case "${1:-}" in
@@ -14,6 +16,7 @@ case "${1:-}" in
        PROFILE_STEPS=${PROFILE_STEPS:-2} ONMT=${ONMT:-rel} CONV_UPDATES=${CONV_UPDATES:-300} ;;
   2) export PHASES=${PHASES:-"m30k tests suite"} TOTAL=${TOTAL:-340} M30K_POSITIONS=${M30K_POSITIONS:-rel} \
        M30K_BOX=${M30K_BOX:-330} SUITE_TIMEOUT=${SUITE_TIMEOUT:-170} ;;
-  *) echo "usage: bash scripts/gpu/call.sh 1|2 (OUT=... set by the device tool)" >&2; exit 2 ;;
+  3) export PHASES=${PHASES:-"decode"} TOTAL=${TOTAL:-130} ;;
+  *) echo "usage: bash scripts/gpu/call.sh 1|2|3 (OUT=... set by the device tool)" >&2; exit 2 ;;
 esac
 exec bash scripts/gpu/gpu_checks.sh

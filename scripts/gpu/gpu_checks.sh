@@ -29,6 +29,10 @@
 #   labels   issue 68 §3: the sums per label each way (scripts/bench/bench_label_sums.py: the product with the tail
 #            masks relmt now takes, masked sums, the scans it took until 2026-11-28, scatter_add), base and n = 1024
 #            shapes, bf16; box 40 s
+#   decode   issue 76 §4: one sentence at a time and 32 per batch, beam 4, base rel, relmt's search with a Python
+#            step per token against the whole search in one AOTInductor call (scripts/bench/decode_gpu.py);
+#            decode.json is written after the per-step rows, so a box that ends in the loop's compile keeps them;
+#            box 150 s
 #   m30k     the Multi30k recipe on the GPU (M30K_POSITIONS, default "abs rel both"), in the background beside
 #            the phases above (issue 31; needs data/multi30k), stopped at M30K_BOX seconds (default 400)
 # Carry (the run tool's carry list; ignored paths that must travel with the checkout, about 25 MB together):
@@ -141,6 +145,7 @@ if [ -n "$REHEARSE" ]; then
   PYTEST_SUITE=(tests/test_labels.py tests/test_layers.py)
   ONMT_ARGS=()  # OpenNMT-py is not in the rehearsal's venv
   PEAK=(--peak-n 256)  # the matmul peak on the CPU at 8192 would take minutes
+  DECODE_SHAPE=(--vocab 100 --sentences 4 --batch 2 --length 5 --repeats 1)  # the loop's compile fails on the lane
 else
   TGT_TOKENS=${TGT_TOKENS:-25000}; STEPS=${STEPS:-10}; BASE=${BASE:-base}; BIG=${BIG:-big}
   ATTN_SHAPE=(--lengths 1024 128 512)
@@ -149,6 +154,7 @@ else
   PYTEST_GPU=(tests/test_cuda.py tests/test_labels.py tests/test_compiled_training.py tests/test_attention_routes.py tests)
   PYTEST_SUITE=()
   PEAK=()
+  DECODE_SHAPE=()
   # shellcheck disable=SC2206
   ONMT_ARGS=(--onmt ${ONMT:-abs rel} --onmt-sizes base --onmt-steps 40 --onmt-warmup 20 --onmt-timeout 90
              --onmt-work "$W/onmt")
@@ -252,6 +258,13 @@ if want issue58; then
     --data "$WMT" --sizes "$BASE" --positions abs rel --precision bf16 --device cuda "${PEAK[@]}" --tgt-tokens "$TGT_TOKENS" \
     --steps "$STEPS" --warmup 2 --loss whole chunked --batch-by source longest --out "$W/train_orders_gpu.json" \
     --md "$W/train_orders_gpu.md"
+fi
+
+# --- decode: a Python step per token against the whole search in one call (issue 76 §4) ---------------------
+if want decode; then
+  t=$(box 150); log "decode_gpu $BASE rel, per step vs one call, box ${t}s"
+  run_phase decode "$t" decode.json decode.md -- python3 scripts/bench/decode_gpu.py --device cuda --size "$BASE" \
+    "${DECODE_SHAPE[@]}" --out "$W/decode.json" --md "$W/decode.md"
 fi
 
 # --- suite: the rest of the suite on CUDA, -v so that a cut-off run still names its failures -----------

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FILES = {"tests": ["tests.txt"], "attn": ["attn.json"], "labels": ["label_sums.json"], "trainflex": ["train43f.json"],
          "train43": ["train43.json", "train43.md"], "big": ["big.json"], "compiled": ["train43c.json"],
          "conv": ["route_convergence.json"], "loss_memory": ["loss_memory_gpu.json"],
-         "train_orders": ["train_orders_gpu.json"], "suite": ["suite.txt"], "m30k": ["m30k"], "total": []}
+         "train_orders": ["train_orders_gpu.json"], "suite": ["suite.txt"],
+         "decode": ["decode.json", "decode.md"], "m30k": ["m30k"], "total": []}
 
 
 def call_phases(call: str) -> list[str]:
@@ -42,7 +43,8 @@ def call_phases(call: str) -> list[str]:
 
 
 # the goal rows (scripts/gpu/lease_report.py) each call fills, by a word of their text
-FILLS = {"1": ("step time", "MFU", "flex"), "2": ("CUDA tests", "Multi30k")}  # OpenNMT-py: not in a rehearsal's venv
+# OpenNMT-py: not in a rehearsal's venv
+FILLS = {"1": ("step time", "MFU", "flex"), "2": ("CUDA tests", "Multi30k"), "3": ("one call",)}
 
 
 def call_fills(call: str, what: str) -> bool:
