@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Which GEMMs a one-sentence search step should take (issue 76 §3, one at a time): search_small.pt2 compiled with
+the weights prepacked for oneDNN (inductor's freezing, as engine=aoti compiles it) against the same graph with
+`cpp.weight_prepack` off, where the linear maps go to inductor's C++ GEMM template or ATen's GEMM (MKL), whichever
+autotuning picks, and to ATen's GEMM alone. Run it alone on the machine.
+
+    python scripts/bench/small_rows_gemm.py --out docs/results/engines/small_rows_gemm.json \\
+        --md docs/results/engines/small_rows_gemm.md
+
+One sentence's step at beam 4 (scripts/bench/step_profile.py's inputs: --slots slots so far, --source source
+tokens), the packages called in turn over --repeats rounds of --calls calls at 1 and 2 threads; the best round
+counts. (The C++ template alone cannot compile the graph: the attention's batched products have no template, and
+inductor refuses a backend list without ATen for them.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts/bench"))
+
+from step_profile import step_inputs  # noqa: E402
+
+from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
+from relmt.decode.translator import Translator  # noqa: E402
+from relmt.export.aoti import MIN_CHUNK, QUIET, SMALL_CONFIGS, compile_threads, flat_call  # noqa: E402
+from relmt.export.graphs import SearchGraph, search_examples  # noqa: E402
+
+VARIANTS = {
+    "oneDNN, prepacked (engine=aoti)": SMALL_CONFIGS,
+    "not prepacked: C++ template or ATen, autotuned": {**SMALL_CONFIGS, "cpp.weight_prepack": False},
+    "not prepacked: ATen (MKL)": {"cpp.weight_prepack": False},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", type=Path, default=Path("/tmp/relmt-peers/r1/relmt-rel/checkpoints/last.pt"))
+    ap.add_argument("--slots", type=int, default=10)
+    ap.add_argument("--source", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--md", type=Path)
+    args = ap.parse_args()
+    model = Translator.from_checkpoint(args.checkpoint, device="cpu", engine="torch").model.float().eval()
+    inputs = step_inputs(model, args.slots, args.source)
+    base = {"freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **QUIET}
+    names = list(VARIANTS)
+    with tempfile.TemporaryDirectory(prefix="small-rows-gemm-") as tmp, torch.no_grad():
+        runs, seconds = {}, {}
+        for i, name in enumerate(names):
+            example, dims = search_examples(model, "few")
+            program = torch.export.export(SearchGraph(model).eval(), example, dynamic_shapes=dims)
+            start = time.perf_counter()
+            path = Path(tmp) / f"v{i}.pt2"
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path),
+                                                     inductor_configs={**base, **VARIANTS[name]})
+            seconds[name] = time.perf_counter() - start
+            runs[name] = flat_call(path)
+        ref = runs[names[0]](*inputs)
+        diff = max(float((a.float() - b.float()).abs().max()) for name in names[1:]
+                   for a, b in zip(ref, runs[name](*inputs)) if a.numel())
+        rows = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            best = dict.fromkeys(names, float("inf"))
+            for run in runs.values():
+                for _ in range(20):
+                    run(*inputs)
+            for _ in range(args.repeats):
+                for name, run in runs.items():
+                    start = time.perf_counter()
+                    for _ in range(args.calls):
+                        run(*inputs)
+                    best[name] = min(best[name], (time.perf_counter() - start) / args.calls)
+            rows += [{"threads": threads, "gemms": name, "us": 1e6 * best[name],
+                      "over_onednn": best[name] / best[names[0]]} for name in names]
+    hw = hardware()
+    table = markdown_table(rows, [("threads", "threads"), ("gemms", "the step's linear maps"),
+                                  ("us", "µs per step"), ("over_onednn", "÷ oneDNN prepacked")])
+    said = f"The largest difference of any output from the prepacked package's: {diff:.2g}."
+    print(table, said, sep="\n\n")
+    payload = {"command": command_line(), "hardware": hw, "checkpoint": str(args.checkpoint), "slots": args.slots,
+               "source": args.source, "compile_s": seconds, "max_difference": diff, "rows": rows}
+    if args.out:
+        write_json(args.out, payload)
+    if args.md:
+        args.md.write_text(
+            page_head("A one-sentence search step: oneDNN's prepacked GEMMs or not (issue 76 §3)", hw,
+                      payload["command"]) +
+            f"- model: {args.checkpoint}; one sentence's step at beam 4, {args.slots} slots in, {args.source} source "
+            f"tokens; search_small.pt2's graph compiled three ways; best of {args.repeats} interleaved rounds of "
+            f"{args.calls} calls\n\n{table}\n\n{said}\n")
+
+
+if __name__ == "__main__":
+    main()
