@@ -59,6 +59,27 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device,
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def best_per_call(fns: dict[str, Callable[[], object]], repeats: int, calls: int = 1, warmup: int = 1,
+                  device: torch.device | None = None) -> dict[str, float]:
+    """Seconds per call of each fn(): the best of `repeats` rounds of `calls` calls each, the fns interleaved round by
+    round (as time_interleaved, for the fastest a fn can go rather than its median), after `warmup` calls each."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if device is not None:
+                sync(device)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if device is not None:
+                sync(device)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls)
+    return best
+
+
 class PeakMemory(TorchDispatchMode):
     """Peak bytes of tensor storage alive at once while the mode is active, on any device.
 

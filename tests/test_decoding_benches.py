@@ -40,3 +40,15 @@ def test_alignments_score_every_decoder_layer(ckpt, tmp_path):  # noqa: F811
     assert [r["layer"] for r in info["rows"]] == list(range(len(info["rows"])))
     assert all(0 <= r["valid_aer"] <= 1 and 0 <= r["test_aer"] <= 1 for r in info["rows"])
     assert info["best_layer"] == min(info["rows"], key=lambda r: r["valid_aer"])["layer"]
+
+
+def test_best_per_call_interleaves_the_rounds_and_counts_each_call():
+    """relmt.bench.best_per_call (step_profile.py, cache_copies.py, small_rows_gemm.py, decode_gpu.py): every fn
+    warmed up first, then the rounds interleaved fn by fn, and the seconds per call of each fn's fastest round."""
+    from relmt.bench import best_per_call
+
+    order = []
+    best = best_per_call({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeats=3, calls=2,
+                         warmup=4)
+    assert order == ["a"] * 4 + ["b"] * 4 + ["a", "a", "b", "b"] * 3
+    assert set(best) == {"a", "b"} and all(0 < s < 1 for s in best.values())

@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
+from relmt.bench import best_per_call, command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, PAD_ID  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
 from relmt.export.aoti import MIN_CHUNK, QUIET, compile_threads, flat_call  # noqa: E402
@@ -137,16 +137,8 @@ def main() -> None:
             for name in ("many rows", "now"):
                 same, diff = same_step(outs["before"], outs[name])
                 all_same, worst = all_same and same, max(worst, diff)
-            best = dict.fromkeys(names, float("inf"))
-            for name, run in runs.items():  # warm-up
-                for _ in range(3):
-                    run(*inputs[name])
-            for _ in range(args.repeats):
-                for name, run in runs.items():
-                    start = time.perf_counter()
-                    for _ in range(args.calls):
-                        run(*inputs[name])
-                    best[name] = min(best[name], (time.perf_counter() - start) / args.calls)
+            best = best_per_call({name: (lambda run=run, x=inputs[name]: run(*x)) for name, run in runs.items()},
+                                 args.repeats, args.calls, warmup=3)
             row = {"slots": slots, **{f"{n}_ms": 1e3 * best[n] for n in names},
                    "many_over_before": best["many rows"] / best["before"],
                    "now_over_before": best["now"] / best["before"]}

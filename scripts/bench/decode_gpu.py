@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from relmt.bench import command_line, hardware, markdown_table, page_head, sync, write_json  # noqa: E402
+from relmt.bench import best_per_call, command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.config import PosKind, compose  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from relmt.decode.beam import beam_search, finished_hypotheses  # noqa: E402
@@ -110,22 +110,6 @@ def compile_loop(model, device: torch.device, path: Path) -> float:
 def loop_search(model, run, src: torch.Tensor, length: int) -> list:
     pool_scores, pool_tokens, steps = run(*loop_inputs(model, src, length))
     return [hyps[:1] for hyps in finished_hypotheses(pool_scores, pool_tokens[:, :, :int(steps)], (EOS_ID, PAD_ID))]
-
-
-def best_round(fns: dict, device: torch.device, repeats: int) -> dict[str, float]:
-    """Each fn's best wall time over `repeats` interleaved rounds, after one warm-up call each."""
-    for fn in fns.values():
-        fn()
-    sync(device)
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync(device)
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def agreement(mine: list, theirs: list) -> tuple[int, float]:
@@ -206,8 +190,8 @@ def main() -> None:
         return out
 
     with torch.no_grad():
-        per_step = best_round({r: (lambda xs=xs: [step_search(model, x, args.length) for x in xs])
-                               for r, xs in regimes.items()}, device, args.repeats)
+        per_step = best_per_call({r: (lambda xs=xs: [step_search(model, x, args.length) for x in xs])
+                                  for r, xs in regimes.items()}, args.repeats, device=device)
         payload["rows"] += rows("per step", per_step)
         report(args, payload)
         stage = "run eagerly"
@@ -228,8 +212,8 @@ def main() -> None:
                 same, diff = agreement(mine, theirs)
                 payload["loop"] |= {"compile_s": seconds, "same": same, "sentences": args.sentences,
                                    "max_score_difference": diff}
-                loop = best_round({r: (lambda xs=xs: [loop_search(model, run, x, args.length) for x in xs])
-                                   for r, xs in regimes.items()}, device, args.repeats)
+                loop = best_per_call({r: (lambda xs=xs: [loop_search(model, run, x, args.length) for x in xs])
+                                      for r, xs in regimes.items()}, args.repeats, device=device)
                 payload["rows"] += rows("loop (one call)", loop)
         except Exception as e:  # written down: the per-step rows stand
             traceback.print_exc()

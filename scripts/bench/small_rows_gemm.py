@@ -2,7 +2,8 @@
 """Which GEMMs a one-sentence search step should take (issue 76 §3, one at a time): search_small.pt2 compiled with
 the weights prepacked for oneDNN (inductor's freezing, as engine=aoti compiles it) against the same graph with
 `cpp.weight_prepack` off, where the linear maps go to inductor's C++ GEMM template or ATen's GEMM (MKL), whichever
-autotuning picks, and to ATen's GEMM alone. Run it alone on the machine.
+autotuning picks, and to ATen's GEMM alone; and prepacked with `cpp.enable_concat_linear` (the linear maps that take
+one input, such as a layer's query and key-value maps, as one GEMM: fewer calls at 4 rows). Run it alone on the machine.
 
     python scripts/bench/small_rows_gemm.py --out docs/results/engines/small_rows_gemm.json \\
         --md docs/results/engines/small_rows_gemm.md
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts/bench"))
 
 from step_profile import step_inputs  # noqa: E402
 
-from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
+from relmt.bench import best_per_call, command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
 from relmt.export.aoti import MIN_CHUNK, QUIET, SMALL_CONFIGS, compile_threads, flat_call  # noqa: E402
 from relmt.export.graphs import SearchGraph, search_examples  # noqa: E402
@@ -38,6 +39,7 @@ VARIANTS = {
     "oneDNN, prepacked (engine=aoti)": SMALL_CONFIGS,
     "not prepacked: C++ template or ATen, autotuned": {**SMALL_CONFIGS, "cpp.weight_prepack": False},
     "not prepacked: ATen (MKL)": {"cpp.weight_prepack": False},
+    "prepacked, and linear maps of one input concatenated": {**SMALL_CONFIGS, "cpp.enable_concat_linear": True},
 }
 
 
@@ -72,16 +74,8 @@ def main() -> None:
         rows = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            best = dict.fromkeys(names, float("inf"))
-            for run in runs.values():
-                for _ in range(20):
-                    run(*inputs)
-            for _ in range(args.repeats):
-                for name, run in runs.items():
-                    start = time.perf_counter()
-                    for _ in range(args.calls):
-                        run(*inputs)
-                    best[name] = min(best[name], (time.perf_counter() - start) / args.calls)
+            best = best_per_call({name: (lambda run=run: run(*inputs)) for name, run in runs.items()}, args.repeats,
+                                 args.calls, warmup=20)
             rows += [{"threads": threads, "gemms": name, "us": 1e6 * best[name],
                       "over_onednn": best[name] / best[names[0]]} for name in names]
     hw = hardware()
@@ -98,7 +92,7 @@ def main() -> None:
             page_head("A one-sentence search step: oneDNN's prepacked GEMMs or not (issue 76 §3)", hw,
                       payload["command"]) +
             f"- model: {args.checkpoint}; one sentence's step at beam 4, {args.slots} slots in, {args.source} source "
-            f"tokens; search_small.pt2's graph compiled three ways; best of {args.repeats} interleaved rounds of "
+            f"tokens; search_small.pt2's graph compiled four ways; best of {args.repeats} interleaved rounds of "
             f"{args.calls} calls\n\n{table}\n\n{said}\n")
 
 

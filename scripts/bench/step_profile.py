@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
+from relmt.bench import best_per_call, command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, PAD_ID  # noqa: E402
 from relmt.decode import beam  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
@@ -127,16 +127,8 @@ def main() -> None:
         rows = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            best = dict.fromkeys(names, float("inf"))
-            for run in runs.values():
-                for _ in range(20):
-                    run(*inputs)
-            for _ in range(args.repeats):
-                for name, run in runs.items():
-                    start = time.perf_counter()
-                    for _ in range(args.calls):
-                        run(*inputs)
-                    best[name] = min(best[name], (time.perf_counter() - start) / args.calls)
+            best = best_per_call({name: (lambda run=run: run(*inputs)) for name, run in runs.items()}, args.repeats,
+                                 args.calls, warmup=20)
             rows.append({"threads": threads, **{f"{n}_us": 1e6 * best[n] for n in names},
                          "now_over_before": best["now"] / best["before"]})
         compile_step(model, tmp / "profiled.pt2", "now", profile=True, small=small)
