@@ -3,7 +3,10 @@
 the weights prepacked for oneDNN (inductor's freezing, as engine=aoti compiles it) against the same graph with
 `cpp.weight_prepack` off, where the linear maps go to inductor's C++ GEMM template or ATen's GEMM (MKL), whichever
 autotuning picks, and to ATen's GEMM alone; and prepacked with `cpp.enable_concat_linear` (the linear maps that take
-one input, such as a layer's query and key-value maps, as one GEMM: fewer calls at 4 rows). Run it alone on the machine.
+one input, such as a layer's query and key-value maps, as one GEMM: fewer calls at 4 rows); and int8, as engine=aoti
+quantization=int8 compiles its small graph (int8 weights and activations, `_int_mm`), against torchao's weight-only
+int8 (float32 activations times dequantized int8 weights: a quarter of the bytes, no quantizing of the rows). Run it
+alone on the machine.
 
     python scripts/bench/small_rows_gemm.py --out docs/results/engines/small_rows_gemm.json \\
         --md docs/results/engines/small_rows_gemm.md
@@ -34,13 +37,39 @@ from relmt.bench import best_per_call, command_line, hardware, markdown_table, p
 from relmt.decode.translator import Translator  # noqa: E402
 from relmt.export.aoti import MIN_CHUNK, QUIET, SMALL_CONFIGS, compile_threads, flat_call  # noqa: E402
 from relmt.export.graphs import SearchGraph, search_examples  # noqa: E402
+from relmt.export.quantize import UNUSED_ONCE_FROZEN, int8_copy  # noqa: E402
 
+# each variant: the model's weights (float32; int8 as engine=aoti quantization=int8 makes them; int8 weight-only) and
+# the inductor configs its graph is compiled with
 VARIANTS = {
-    "oneDNN, prepacked (engine=aoti)": SMALL_CONFIGS,
-    "not prepacked: C++ template or ATen, autotuned": {**SMALL_CONFIGS, "cpp.weight_prepack": False},
-    "not prepacked: ATen (MKL)": {"cpp.weight_prepack": False},
-    "prepacked, and linear maps of one input concatenated": {**SMALL_CONFIGS, "cpp.enable_concat_linear": True},
+    "oneDNN, prepacked (engine=aoti)": ("float32", SMALL_CONFIGS),
+    "not prepacked: C++ template or ATen, autotuned": ("float32", {**SMALL_CONFIGS, "cpp.weight_prepack": False}),
+    "not prepacked: ATen (MKL)": ("float32", {"cpp.weight_prepack": False}),
+    "prepacked, and linear maps of one input concatenated": ("float32",
+                                                             {**SMALL_CONFIGS, "cpp.enable_concat_linear": True}),
+    "int8 weights and activations (engine=aoti quantization=int8)": ("int8", {}),
+    "int8 weights only, float32 activations": ("int8 weights", {}),
+    "int8 weights only, autotuned": ("int8 weights", SMALL_CONFIGS),
 }
+
+
+def weights(model, kind: str):
+    """The model as `kind` (VARIANTS) has it: int8 is relmt/export/quantize.py's copy; int8 weights, torchao's
+    weight-only int8 (the product of float32 activations and dequantized int8 weights)."""
+    if kind == "float32":
+        return model
+    if kind == "int8":
+        return int8_copy(model)
+    import copy
+
+    from torch import nn
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    copied = copy.deepcopy(model).float().eval()
+    copied.freeze_projections()
+    quantize_(copied, Int8WeightOnlyConfig(),
+              filter_fn=lambda m, name: isinstance(m, nn.Linear) and not name.endswith(UNUSED_ONCE_FROZEN))
+    return copied
 
 
 def main() -> None:
@@ -60,31 +89,39 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="small-rows-gemm-") as tmp, torch.no_grad():
         runs, seconds = {}, {}
         for i, name in enumerate(names):
-            example, dims = search_examples(model, "few")
-            program = torch.export.export(SearchGraph(model).eval(), example, dynamic_shapes=dims)
+            kind, configs = VARIANTS[name]
+            variant = weights(model, kind)
+            example, dims = search_examples(variant, "few")
+            program = torch.export.export(SearchGraph(variant).eval(), example, dynamic_shapes=dims)
             start = time.perf_counter()
             path = Path(tmp) / f"v{i}.pt2"
             torch._inductor.aoti_compile_and_package(program, package_path=str(path),
-                                                     inductor_configs={**base, **VARIANTS[name]})
+                                                     inductor_configs={**base, **configs})
             seconds[name] = time.perf_counter() - start
             runs[name] = flat_call(path)
         ref = runs[names[0]](*inputs)
-        diff = max(float((a.float() - b.float()).abs().max()) for name in names[1:]
-                   for a, b in zip(ref, runs[name](*inputs)) if a.numel())
+        diffs = {name: max(float((a.float() - b.float()).abs().max()) for a, b in zip(ref, runs[name](*inputs))
+                           if a.numel() and a.is_floating_point()) for name in names[1:]}
+        same_ids = {name: all(torch.equal(a, b) for a, b in zip(ref, runs[name](*inputs)) if not a.is_floating_point())
+                    for name in names[1:]}
         rows = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
             best = best_per_call({name: (lambda run=run: run(*inputs)) for name, run in runs.items()}, args.repeats,
                                  args.calls, warmup=20)
             rows += [{"threads": threads, "gemms": name, "us": 1e6 * best[name],
-                      "over_onednn": best[name] / best[names[0]]} for name in names]
+                      "over_onednn": best[name] / best[names[0]], "difference": diffs.get(name, 0.0),
+                      "same_ids": "yes" if same_ids.get(name, True) else "no"} for name in names]
     hw = hardware()
     table = markdown_table(rows, [("threads", "threads"), ("gemms", "the step's linear maps"),
-                                  ("us", "µs per step"), ("over_onednn", "÷ oneDNN prepacked")])
-    said = f"The largest difference of any output from the prepacked package's: {diff:.2g}."
+                                  ("us", "µs per step"), ("over_onednn", "÷ oneDNN prepacked"),
+                                  ("same_ids", "same tokens, rows and done"),
+                                  ("difference", "largest score, key or value difference")])
+    said = ("The last two columns compare each package's step with the prepacked float32 one's, on the same inputs "
+            "(the int8 variants round the weights, so their scores, keys and values move).")
     print(table, said, sep="\n\n")
     payload = {"command": command_line(), "hardware": hw, "checkpoint": str(args.checkpoint), "slots": args.slots,
-               "source": args.source, "compile_s": seconds, "max_difference": diff, "rows": rows}
+               "source": args.source, "compile_s": seconds, "rows": rows}
     if args.out:
         write_json(args.out, payload)
     if args.md:
@@ -92,7 +129,7 @@ def main() -> None:
             page_head("A one-sentence search step: oneDNN's prepacked GEMMs or not (issue 76 §3)", hw,
                       payload["command"]) +
             f"- model: {args.checkpoint}; one sentence's step at beam 4, {args.slots} slots in, {args.source} source "
-            f"tokens; search_small.pt2's graph compiled four ways; best of {args.repeats} interleaved rounds of "
+            f"tokens; search_small.pt2's graph compiled each way; best of {args.repeats} interleaved rounds of "
             f"{args.calls} calls\n\n{table}\n\n{said}\n")
 
 
