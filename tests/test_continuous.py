@@ -49,15 +49,27 @@ def run_schedule(model, cfg: DecodeConfig, schedule: dict[int, list[int]]) -> di
     return out
 
 
-@pytest.mark.parametrize("on", ["model", "search graph"])
+def graphs_of(model, on: str):
+    """The model itself, or an engine's graphs run eagerly: with its search graph, or its step graph alone (an
+    engine without a search graph, engine=onnx)."""
+    if on == "model":
+        return model
+    graphs = EagerGraphs(model)
+    if on == "step graph":
+        graphs.run_search = None
+    return graphs
+
+
+@pytest.mark.parametrize("on", ["model", "search graph", "step graph"])
 @pytest.mark.parametrize("mode", SERVED)
 def test_sentences_joining_a_running_search_get_what_they_get_alone(mode, on, float64):
     """Sentences join at steps 0, 2 and 3, and after the first ones finished (the cut of unused front
     slots); each gets beam_search's hypotheses for it alone: the same tokens, the scores to rounding. On an
-    engine's graphs too, whose joins copy no cache and whose cuts wait for a quarter of the slots."""
+    engine's graphs too, whose joins copy no cache, and whose cuts the search graph's next step makes in its own
+    copy of the cache (a step graph's wait for a quarter of the slots)."""
     model = make(mode)
     cfg = DecodeConfig(beam=3, nbest=3, lenpen=0.6, max_len_a=1.0, max_len_b=4)
-    out = run_schedule(model if on == "model" else EagerGraphs(model), cfg, {0: [0], 2: [1, 2], 3: [3], 12: [4]})
+    out = run_schedule(graphs_of(model, on), cfg, {0: [0], 2: [1, 2], 3: [3], 12: [4]})
     for i, hyps in out.items():
         want = alone(model, SOURCES[i], cfg)
         assert [h.tokens for h in hyps] == [h.tokens for h in want], f"sentence {i}"
@@ -183,11 +195,14 @@ def test_engines_without_starts_or_with_rope_are_served_batch_by_batch():
     assert continuous.supports(EagerGraphs(make("rel")), DecodeConfig())
 
 
-def test_an_engine_cache_joins_without_a_copy_and_cuts_once_a_quarter_of_its_slots_is_unused(float64):
+@pytest.mark.parametrize("on", ["search graph", "step graph"])
+def test_an_engine_cache_joins_and_is_cut_without_a_copy(on, float64):
     """On an engine's graphs (relmt/export/graphs.py's GraphCache) a join copies no keys or values: the new
-    hypotheses continue a stored row that their starts mask out. A cut of the front slots copies every layer's
-    (the graph takes its cache contiguous), so `trim` leaves fewer than a quarter of the slots in place, masked."""
-    graphs = EagerGraphs(make("rel"))
+    hypotheses continue a stored row that their starts mask out. A cut of the front slots copies nothing either:
+    the search graph's next step leaves them out of the copy of the cache it makes anyway, so `trim` cuts at once,
+    and that step's cache holds the slots in use alone. A step graph takes its cache contiguous (the engine's call
+    copies the view), so there `trim` leaves fewer than a quarter of the slots in place, masked."""
+    graphs = graphs_of(make("rel"), on)
     cfg = DecodeConfig(beam=2, max_len_a=3.0, max_len_b=20)
     run = continuous.start(graphs, src_of(SOURCES[:1]), [0], cfg, BOS)
     for _ in range(7):
@@ -196,7 +211,12 @@ def test_an_engine_cache_joins_without_a_copy_and_cuts_once_a_quarter_of_its_slo
     assert all(a is b for a, b in zip(joined.cache.self_k + joined.cache.self_v, run.cache.self_k + run.cache.self_v))
     assert joined.cache.order.tolist() == run.cache.order.tolist() + [0, 0]
     slots = joined.tokens.shape[1]
-    for cut, kept in ((slots // 4 - 1, slots), (slots // 4 + 1, slots - slots // 4 - 1)):
+    for cut in (slots // 4 - 1, slots // 4 + 1):
         later = replace(joined, starts=torch.tensor([cut, cut + 1]))
-        assert continuous.trim(later, PAD).tokens.shape[1] == kept
-        assert continuous.trim(later, PAD).cache.length == later.cache.length - (slots - kept)
+        kept = slots - cut if on == "search graph" or 4 * cut >= slots else slots
+        trimmed = continuous.trim(later, PAD)
+        assert trimmed.tokens.shape[1] == kept and trimmed.cache.length == later.cache.length - (slots - kept)
+        assert all(a is b for a, b in zip(trimmed.cache.self_k, later.cache.self_k))  # no copy
+        if on == "search graph":
+            after, _ = continuous.advance(graphs, trimmed, cfg, BOS, EOS)
+            assert after.cache.self_k[0].shape[2] == kept and after.cache.front == 0

@@ -173,3 +173,21 @@ def test_the_graphs_take_the_cache_one_tensor_per_layer_and_flat():
     assert len(apart) == len(SEARCH_OUTPUTS) - 2 + 2 * layers
     assert torch.equal(torch.stack(apart[5:5 + layers]), together[5]) and torch.equal(apart[0], together[0])
     assert all(torch.equal(a, b) for a, b in zip(apart[:5], together[:5]))
+
+
+def test_the_search_graph_leaves_out_the_front_slots_cut_from_its_history():
+    """Since GRAPHS_VERSION 7 the search graph takes a cache longer than its history (continuous batching's cut,
+    relmt/decode/continuous.py `trim`, shortens the history and the pools alone): it leaves the cache's front slots
+    out of the copy it makes, and gives bit for bit the step of the cache cut beforehand, whatever those slots hold."""
+    from relmt.export.graphs import flat, search_examples
+
+    model = random_model(model_config(positions=PosKind.rel), VOCAB, seed=1).eval()
+    args, _ = search_examples(model, "many")
+    t = args[0].shape[2] - 1  # the history's slots, one fewer than the cache's
+    cut = [[x[:, :, -t:].contiguous() for x in xs] for xs in (args[4], args[5])]
+    junk = [[torch.cat((torch.full_like(x[:, :, :3], float("nan")), x), dim=2) for x in xs] for xs in cut]
+    with torch.no_grad():
+        want = SearchGraph(model)(*args[:4], *cut, *args[6:])
+        for cache in (junk, [args[4], args[5]]):  # 3 slots of NaN before them, or the example's own 1 slot
+            got = SearchGraph(model)(*args[:4], *cache, *args[6:])
+            assert all(torch.equal(a, b) for a, b in zip(flat(got), flat(want)))

@@ -14,9 +14,11 @@ slot, so a RoPE model is refused here (`supports`) and served batch by batch.
 
 The same runs on an engine's graphs (relmt/export/graphs.py's GraphModel: engine=onnx or aoti, issue 62 §3): its
 step graph takes the rows' starts as an input, its memory holds the cross-attention keys and values and its cache
-the self-attention ones. There `join` copies no self-attention cache (the new rows continue a stored row that their
-starts mask out; the step's gather makes their rows), and `trim` waits until a cut saves a quarter of the slots,
-since the graph takes its cache contiguous and a cut costs a copy of it (issue 76 §2).
+the self-attention ones. There neither `join` nor `trim` copies the self-attention cache (issue 76 §2): the new rows
+continue a stored row that their starts mask out, and the step's gather makes their rows; a cut leaves the cache
+whole, and the search graph's next step leaves the cut slots out of the copy it makes anyway, so a step costs the
+slots its sentences use. A step graph (engine=onnx) takes its cache contiguous, so there a cut costs a copy, and
+`trim` waits until it saves a quarter of the slots.
 
 Each step is `relmt.decode.beam.beam_step`, beam_search's own, given each sentence's step count (the slot less
 its start): the same candidates, EOS rules (t2t or fairseq), pools, stopping rule and length penalty, so a
@@ -188,9 +190,11 @@ def trim(run: Running, pad_id: int) -> Running:
     the pools and the cache: positions are step - start and the relative terms read distances, so
     shifting every slot by the same amount changes nothing (RoPE is not decoded here)."""
     cut = int(run.starts.min())
-    if cut == 0 or (not isinstance(run.cache, DecoderCache) and 4 * cut < run.tokens.shape[1]):
-        # an engine's graph takes its cache contiguous, so a cut costs a copy of every layer's keys and values:
-        # it waits until it saves a quarter of the slots (the slots before every start are masked out meanwhile)
+    if cut == 0 or (not isinstance(run.cache, DecoderCache) and not run.cache.free_cuts
+                    and 4 * cut < run.tokens.shape[1]):
+        # an engine's step graph takes its cache contiguous, so there a cut costs a copy of every layer's keys and
+        # values: it waits until it saves a quarter of the slots (the slots before every start are masked out
+        # meanwhile). The search graph's cuts cost nothing (relmt/export/graphs.py's GraphCache.trimmed).
         return run
     if isinstance(run.cache, DecoderCache):
         cache = DecoderCache(tuple(LayerCache(lc.self_k[:, :, cut:], lc.self_v[:, :, cut:], lc.cross_k, lc.cross_v)

@@ -49,10 +49,11 @@ SEARCH_OUTPUTS = ("history", "alive", "pool_scores", "pool_tokens", "order", "se
 # Part of the key of every onnx and aoti artefact (relmt/export/engines.py: `dependencies`). Bump it whenever a
 # change to this file (or to the model code the graphs trace) changes what is exported: the graphs' inputs,
 # outputs or what they compute. Artefacts made by the older code then get rebuilt instead of reused.
-GRAPHS_VERSION = 6  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3);
+GRAPHS_VERSION = 7  # 2: the search step (SearchGraph); 3: the step's starts (continuous batching, issue 62 §3);
 # 4: the search step's starts (continuous batching's step in one call, issue 70); 5: the step's attention written
 # out, and topk for the live candidates (issue 76 §3: docs/results/engines/step_profile.md); 6: the self-attention
-# keys and values one tensor per layer, and examples of batch size to trace with (issue 76 §2)
+# keys and values one tensor per layer, and examples of batch size to trace with (issue 76 §2); 7: the search step
+# takes a cache longer than its history and leaves out the front slots (continuous batching's cut, issue 76 §2)
 CACHE = ("self_k", "self_v")  # the inputs (and outputs) that are one tensor per decoder layer
 
 
@@ -120,7 +121,12 @@ class SearchGraph(nn.Module):
     pool_tokens (B, K, t); limit (B,); then the settings as 0-d tensors (min_len, lenpen, and power, t2t,
     early_stop as bools). BOS and EOS are relmt's tokenizer's, constants of the graph. Returns the new
     history, alive, pool_scores, pool_tokens, the row each new hypothesis continues (B*K,) (the next
-    step's order), the self-attention keys and values of the step's hypotheses and which sentences are done."""
+    step's order), the self-attention keys and values of the step's hypotheses and which sentences are done.
+
+    The cache may hold more slots than the history's t: continuous batching cuts the front slots that no sentence
+    uses any more from the history and the pools alone (`GraphCache.trimmed`), and the step's copy of the cache
+    (its gather by order, which it makes anyway) leaves them out: a cut costs nothing, and a step costs the slots
+    its sentences use (issue 76 §2)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -132,6 +138,9 @@ class SearchGraph(nn.Module):
                 pool_tokens: Tensor, limit: Tensor, min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor,
                 early_stop: Tensor, banned: Tensor | None = None) -> tuple[Tensor, ...]:
         b, k = alive.shape
+        t = history.shape[2] - 1
+        torch._check(self_k[0].shape[2] >= t)
+        self_k, self_v = ([x.narrow(2, x.shape[2] - t, t) for x in xs] for xs in (self_k, self_v))
         logits, *cache = self.step(history[:, :, -1], keep, cross_k, cross_v, self_k, self_v, order, starts)
         if banned is None:  # LoopGraph makes it outside its loop: a constant made inside a loop's body fails to compile
             banned = torch.tensor([self.pad_id, BOS_ID])
@@ -248,16 +257,18 @@ def search_examples(model: Transformer, rows: str = "few") -> tuple[tuple, dict]
     _, step, _, step_dims = examples(model, rows)
     tokens, keep, cross_k, cross_v, self_k, self_v, order, starts = step
     b, k = tokens.shape
-    t = self_k[0].shape[2]
-    history = torch.full((b, k, t + 1), model.pad_id + 4, dtype=torch.long)
+    p = self_k[0].shape[2] - 1  # the history's slots: one fewer than the cache's, one slot cut (SearchGraph)
+    history = torch.full((b, k, p + 1), model.pad_id + 4, dtype=torch.long)
     scores = torch.randn(b, k)
     search = (history, keep, cross_k, cross_v, self_k, self_v, order, starts, scores, scores.clone(),
-              torch.full((b, k, t), model.pad_id, dtype=torch.long), torch.full((b,), t + 2),
+              torch.full((b, k, p), model.pad_id, dtype=torch.long), torch.full((b,), p + 2),
               torch.tensor(1), torch.tensor(0.6, dtype=torch.float64), *map(torch.tensor, (False, True, False)))
     B, K, T = step_dims["tokens"][0], step_dims["tokens"][1], step_dims["self_k"][0][2]
     dims = {name: step_dims[name] for name in ("keep", "cross_k", "cross_v", "self_k", "self_v", "order", "starts")}
-    dims |= {"history": {0: B, 1: K, 2: T + 1}, "alive": {0: B, 1: K}, "pool_scores": {0: B, 1: K},
-             "pool_tokens": {0: B, 1: K, 2: T}, "limit": {0: B}} | {name: None for name in SEARCH_INPUTS[SETTINGS:]}
+    # the history's slots (P) apart from the cache's (T): the cache may hold front slots cut from the history
+    P = torch.export.Dim("P", min=0, max=1 << 20)
+    dims |= {"history": {0: B, 1: K, 2: P + 1}, "alive": {0: B, 1: K}, "pool_scores": {0: B, 1: K},
+             "pool_tokens": {0: B, 1: K, 2: P}, "limit": {0: B}} | {name: None for name in SEARCH_INPUTS[SETTINGS:]}
     return search, dims
 
 
@@ -312,21 +323,25 @@ class GraphMemory:
 
 @dataclass(frozen=True)
 class GraphCache:
-    """The decoder state between steps: each layer's self-attention keys and values (N', H, t, D), and the stored
-    row each hypothesis continues (`order`, None: row b), as `DecoderCache` keeps them."""
+    """The decoder state between steps: each layer's self-attention keys and values (N', H, front + t, D), and the
+    stored row each hypothesis continues (`order`, None: row b), as `DecoderCache` keeps them. `front`: slots at the
+    front that continuous batching has cut (`trimmed`) and the next step leaves out. `free_cuts`: made by the search
+    graph, whose next step leaves cut slots out of the copy it makes anyway (a step graph's call copies the rest)."""
 
     self_k: tuple[Tensor, ...]
     self_v: tuple[Tensor, ...]
     order: Tensor | None = None
+    front: int = 0
+    free_cuts: bool = False
 
     @property
     def length(self) -> int:
-        return self.self_k[0].shape[2]
+        return self.self_k[0].shape[2] - self.front
 
     def select(self, rows: Tensor, sentences: Tensor | None = None) -> GraphCache:
         """Hypothesis b becomes what hypothesis rows[b] was; the sentences live in GraphMemory."""
         order = rows if self.order is None else self.order.index_select(0, rows)
-        return GraphCache(self.self_k, self.self_v, order)
+        return GraphCache(self.self_k, self.self_v, order, self.front, self.free_cuts)
 
     def joined(self, rows: int) -> GraphCache:
         """The hypotheses in order and then `rows` new ones whose slots so far are empty (continuous batching:
@@ -334,12 +349,20 @@ class GraphCache:
         new hypotheses continue stored row 0, whose keys and values their mask leaves out (a weight of exactly 0
         on a finite value), and the next step's gather by `order` makes their rows as it makes every other's."""
         order = torch.arange(self.self_k[0].shape[0]) if self.order is None else self.order
-        return GraphCache(self.self_k, self.self_v, torch.cat((order, order.new_zeros(rows))))
+        return GraphCache(self.self_k, self.self_v, torch.cat((order, order.new_zeros(rows))), self.front,
+                          self.free_cuts)
 
     def trimmed(self, cut: int) -> GraphCache:
-        """Without the first `cut` slots (continuous batching, when no sentence uses them)."""
-        return GraphCache(tuple(x[:, :, cut:] for x in self.self_k), tuple(x[:, :, cut:] for x in self.self_v),
-                          self.order)
+        """Without the first `cut` slots (continuous batching, when no sentence uses them). Nothing is copied: the
+        next search step leaves them out of the copy of the cache it makes anyway (SearchGraph); a step graph takes
+        the rest as a view, which the engine's call copies contiguous."""
+        return GraphCache(self.self_k, self.self_v, self.order, self.front + cut, self.free_cuts)
+
+    def live(self) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """Each layer's keys and values without the front slots cut (views)."""
+        if not self.front:
+            return self.self_k, self.self_v
+        return tuple(x[:, :, self.front:] for x in self.self_k), tuple(x[:, :, self.front:] for x in self.self_v)
 
 
 class GraphModel:
@@ -394,7 +417,7 @@ class GraphModel:
             beams.tokens.view(b, k, -1), src_mask, memory.cross_k, memory.cross_v, *cache.self_k, *cache.self_v,
             order.view(b, k), starts, beams.alive, beams.pool_scores, beams.pool_tokens, beams.limit, *settings)
         return (Beams(history.view(b * k, -1), alive, pool_scores, pool_tokens, beams.limit), done,
-                GraphCache(tuple(kv[: self.layers]), tuple(kv[self.layers:]), rows))
+                GraphCache(tuple(kv[: self.layers]), tuple(kv[self.layers:]), rows, free_cuts=True))
 
     def eval(self) -> GraphModel:
         return self
@@ -421,7 +444,8 @@ class GraphModel:
         if cache.length != step:
             raise ValueError(f"decode_step(step={step}) got a cache holding {cache.length} positions")
         order = cache.order if cache.order is not None else torch.arange(n)
-        inputs = [tokens.reshape(b, -1), src_mask, memory.cross_k, memory.cross_v, *cache.self_k, *cache.self_v,
+        self_k, self_v = cache.live()
+        inputs = [tokens.reshape(b, -1), src_mask, memory.cross_k, memory.cross_v, *self_k, *self_v,
                   order.reshape(b, -1)]
         if self.starts:
             inputs.append((starts if starts is not None else torch.zeros_like(order)).reshape(b, -1))
