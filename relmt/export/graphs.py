@@ -263,7 +263,7 @@ def search_examples(model: Transformer, rows: str = "few") -> tuple[tuple, dict]
     search = (history, keep, cross_k, cross_v, self_k, self_v, order, starts, scores, scores.clone(),
               torch.full((b, k, p), model.pad_id, dtype=torch.long), torch.full((b,), p + 2),
               torch.tensor(1), torch.tensor(0.6, dtype=torch.float64), *map(torch.tensor, (False, True, False)))
-    B, K, T = step_dims["tokens"][0], step_dims["tokens"][1], step_dims["self_k"][0][2]
+    B, K = step_dims["tokens"][0], step_dims["tokens"][1]
     dims = {name: step_dims[name] for name in ("keep", "cross_k", "cross_v", "self_k", "self_v", "order", "starts")}
     # the history's slots (P) apart from the cache's (T): the cache may hold front slots cut from the history
     P = torch.export.Dim("P", min=0, max=1 << 20)
