@@ -11,7 +11,7 @@ import torch
 from relmt.config import PosKind
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import beam_search, finished_hypotheses, max_lengths
-from relmt.export.graphs import LoopGraph, shape_of
+from relmt.export.graphs import EncoderGraph, LoopGraph, loop_start
 from tests.tiny_checkpoints import model_config, random_model
 
 A, B = 1.0, 2  # each sentence's step limit: |x| + 2 (sentences that stop at different steps)
@@ -21,22 +21,11 @@ SOURCES = [[5, 9, 13, 7, EOS_ID], [11, 6, EOS_ID], [8, 8, 12, 15, 9, 10, 6, EOS_
 def loop_search(model, src: torch.Tensor, beam: int, min_len: int, lenpen: float, power: bool, t2t: bool,
                 early_stop: bool) -> list:
     """LoopGraph's search with each sentence's step limit |x| + 2, its buffers as long as the longest."""
-    shape, device = shape_of(model), src.device
-    memory, keep = model.encode(src)
+    keep, cross_k, cross_v = EncoderGraph(model)(src)
     limit = max_lengths(keep, A, B)
-    slots = int(limit.max())
-    cross = [torch.stack(kv) for kv in zip(*(layer.cross_attn.project_kv(memory) for layer in model.decoder_layers))]
-    b = src.shape[0]
-    history = torch.full((b, beam, slots + 1), PAD_ID, device=device)
-    history[:, :, 0] = BOS_ID
-    alive = torch.full((b, beam), float("-inf"), device=device)
-    alive[:, 0] = 0.0
-    cache = torch.zeros(shape["layers"], b, beam, shape["heads"], slots, shape["d_head"], device=device)
-    pool_scores, pool_tokens, steps = LoopGraph(model)(
-        history, keep, *cross, cache, cache.clone(), alive, torch.full((b, beam), float("-inf"), device=device),
-        torch.full((b, beam, slots), PAD_ID, device=device), limit, torch.tensor(min_len, device=device),
-        torch.tensor(lenpen, dtype=torch.float64, device=device),
-        *(torch.tensor(flag, device=device) for flag in (power, t2t, early_stop)))
+    inputs = loop_start(keep, cross_k, cross_v, beam, int(limit.max()), limit, model.pad_id, min_len, lenpen, power,
+                        t2t, early_stop)
+    pool_scores, pool_tokens, steps = LoopGraph(model)(*inputs)
     return finished_hypotheses(pool_scores, pool_tokens[:, :, :int(steps)], (EOS_ID, PAD_ID))
 
 

@@ -79,6 +79,19 @@ def compile_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def compile_graph(module: torch.nn.Module, args: tuple, dims, path: str | Path, configs: dict | None = None) -> float:
+    """`module` exported (dynamic in `dims`) and compiled by AOTInductor into the package `path` as engine=aoti
+    compiles its graphs, `configs` besides; the seconds it took. Freezing makes the weights constants, prepacked for
+    oneDNN's GEMMs (1.5x faster decoder steps at 32 sentences per batch on a CPU; docs/results/engines/engines_cpu.md),
+    and the kernels are split for the machine's cores where each thread gets MIN_CHUNK elements."""
+    start = time.perf_counter()
+    program = torch.export.export(module, args, dynamic_shapes=dims)
+    torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs={
+        "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **QUIET,
+        **(configs or {})})
+    return time.perf_counter() - start
+
+
 @torch.no_grad()
 def export_aoti(model: Transformer, directory: str | Path, quantization: str = "float32",
                 kept_in: str | Path | None = None) -> Path:
@@ -112,16 +125,10 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
         for number, (name, module, args, dims, configs) in enumerate(todo, 1):
             log.warning("engine=aoti: compiling the %s graph (%d of %d; a few minutes in all, done once: the "
                         "packages are kept in %s)", name, number, len(todo), kept_in)
-            start = time.perf_counter()
-            program = torch.export.export(module, args, dynamic_shapes=dims)
             tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
-            # freezing: the weights become constants, prepacked for oneDNN's GEMMs (1.5x faster decoder steps
-            # at 32 sentences per batch on a CPU; docs/results/engines/engines_cpu.md)
-            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs={
-                "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **QUIET,
-                **configs})
+            seconds = compile_graph(module, args, dims, tmp, configs)
             os.replace(tmp, directory / f"{name}.pt2")
-            log.warning("engine=aoti: compiled the %s graph in %.0f s", name, time.perf_counter() - start)
+            log.warning("engine=aoti: compiled the %s graph in %.0f s", name, seconds)
     log.warning("engine=aoti: compiled %d graphs in %.1f minutes", len(todo), (time.perf_counter() - began) / 60)
     meta = shape_of(model) | {"torch": torch.__version__, "graphs": graphs.GRAPHS_VERSION, "quantization": quantization,
                               "threads": compile_threads()}

@@ -272,20 +272,30 @@ def search_examples(model: Transformer, rows: str = "few") -> tuple[tuple, dict]
     return search, dims
 
 
+def loop_start(keep: Tensor, cross_k: Tensor, cross_v: Tensor, beam: int, slots: int, limit: Tensor, pad_id: int,
+               min_len: int, lenpen: float, power: bool, t2t: bool, early_stop: bool) -> tuple:
+    """LoopGraph's inputs (LOOP_INPUTS' order) for a batch, from its encoder's output as EncoderGraph gives it: BOS
+    in every history, one live beam a sentence (so that the first step does not repeat it `beam` times), empty pools
+    and buffers of `slots` slots, each sentence's step limit and the search's settings, on keep's device."""
+    device, (layers, b, heads, _, d_head) = keep.device, cross_k.shape
+    history = torch.full((b, beam, slots + 1), pad_id, device=device)
+    history[:, :, 0] = BOS_ID
+    alive = torch.full((b, beam), float("-inf"), device=device)
+    alive[:, 0] = 0.0
+    cache = torch.zeros(layers, b, beam, heads, slots, d_head, device=device)
+    return (history, keep, cross_k, cross_v, cache, cache.clone(), alive, torch.full_like(alive, float("-inf")),
+            torch.full((b, beam, slots), pad_id, device=device), limit, torch.tensor(min_len, device=device),
+            torch.tensor(lenpen, dtype=torch.float64, device=device),
+            *(torch.tensor(flag, device=device) for flag in (power, t2t, early_stop)))
+
+
 def loop_examples(model: Transformer) -> tuple[tuple, dict]:
     """Inputs to trace LoopGraph with (T = 6 slots), and its dynamic dimensions."""
     shape = shape_of(model)
     layers, heads, d_head = shape["layers"], shape["heads"], shape["d_head"]
     b, k, s, slots = 2, 3, 5, 6
-    history = torch.full((b, k, slots + 1), model.pad_id, dtype=torch.long)
-    history[:, :, 0] = BOS_ID
-    alive = torch.full((b, k), float("-inf"))
-    alive[:, 0] = 0.0
-    loop = (history, torch.ones(b, s, dtype=torch.bool), *(torch.randn(layers, b, heads, s, d_head) for _ in range(2)),
-            *(torch.zeros(layers, b, k, heads, slots, d_head) for _ in range(2)), alive,
-            torch.full((b, k), float("-inf")), torch.full((b, k, slots), model.pad_id, dtype=torch.long),
-            torch.tensor([4, 6]), torch.tensor(1), torch.tensor(0.6, dtype=torch.float64),
-            *map(torch.tensor, (False, True, False)))
+    loop = loop_start(torch.ones(b, s, dtype=torch.bool), *(torch.randn(layers, b, heads, s, d_head) for _ in range(2)),
+                      k, slots, torch.tensor([4, 6]), model.pad_id, 1, 0.6, False, True, False)
     big = 1 << 20
     B, K, S = (torch.export.Dim(name, min=1, max=big) for name in ("B", "K", "S"))
     T = torch.export.Dim("T", min=2, max=big)

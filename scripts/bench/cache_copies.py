@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from relmt.bench import best_per_call, command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, PAD_ID  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
-from relmt.export.aoti import MIN_CHUNK, QUIET, compile_threads, flat_call  # noqa: E402
+from relmt.export.aoti import compile_graph, flat_call  # noqa: E402
 from relmt.export.graphs import SearchGraph, search_examples, shape_of  # noqa: E402
 from relmt.runtime import tune_cpu  # noqa: E402
 
@@ -64,16 +63,12 @@ def stacked_examples(model, rows: str) -> tuple[tuple, dict]:
     return example, dims
 
 
-def compile_graph(model, path: Path, name: str) -> float:
-    start = time.perf_counter()
+def compile_variant(model, path: Path, name: str) -> float:
     if name == "now":
         module, (example, dims) = SearchGraph(model), search_examples(model, "many")
     else:
         module, (example, dims) = Stacked(model), stacked_examples(model, "few" if name == "before" else "many")
-    program = torch.export.export(module.eval(), example, dynamic_shapes=dims)
-    torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs={
-        "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **QUIET})
-    return time.perf_counter() - start
+    return compile_graph(module.eval(), example, dims, path)
 
 
 def step_state(model, sentences: int, slots: int, source: int, layers_apart: bool) -> tuple:
@@ -127,7 +122,7 @@ def main() -> None:
     rows, all_same, worst = [], True, 0.0
     with tempfile.TemporaryDirectory(prefix="cache-copies-") as tmp, torch.no_grad():
         tmp = Path(tmp)
-        seconds = {name: compile_graph(model, tmp / f"{i}.pt2", name) for i, name in enumerate(names)}
+        seconds = {name: compile_variant(model, tmp / f"{i}.pt2", name) for i, name in enumerate(names)}
         runs = {name: flat_call(tmp / f"{i}.pt2") for i, name in enumerate(names)}
         for slots in args.slots:
             stacked = step_state(model, args.sentences, slots, args.source, False)

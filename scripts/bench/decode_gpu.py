@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -39,7 +38,8 @@ from relmt.bench import best_per_call, command_line, hardware, markdown_table, p
 from relmt.config import PosKind, compose  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from relmt.decode.beam import beam_search, finished_hypotheses  # noqa: E402
-from relmt.export.graphs import EncoderGraph, LoopGraph, loop_examples, shape_of  # noqa: E402
+from relmt.export.aoti import compile_graph  # noqa: E402
+from relmt.export.graphs import EncoderGraph, LoopGraph, loop_examples, loop_start  # noqa: E402
 from relmt.model.transformer import build_model  # noqa: E402
 
 BEAM, LENPEN = 4, 0.6
@@ -83,28 +83,14 @@ def step_search(model, src: torch.Tensor, length: int) -> list:
 def loop_inputs(model, src: torch.Tensor, length: int) -> tuple:
     """LoopGraph's inputs for a batch: the eager encoder's output and empty buffers of `length` slots."""
     keep, cross_k, cross_v = EncoderGraph(model)(src)
-    shape, device = shape_of(model), src.device
-    b, k = src.shape[0], BEAM
-    history = torch.full((b, k, length + 1), PAD_ID, device=device)
-    history[:, :, 0] = BOS_ID
-    alive = torch.full((b, k), float("-inf"), device=device)
-    alive[:, 0] = 0.0
-    cache = torch.zeros(shape["layers"], b, k, shape["heads"], length, shape["d_head"], device=device)
-    return (history, keep, cross_k, cross_v, cache, cache.clone(), alive,
-            torch.full((b, k), float("-inf"), device=device), torch.full((b, k, length), PAD_ID, device=device),
-            torch.full((b,), length, device=device),
-            torch.tensor(length, device=device), torch.tensor(LENPEN, dtype=torch.float64, device=device),
-            *(torch.tensor(flag, device=device) for flag in (False, True, False)))
+    limit = torch.full((src.shape[0],), length, device=src.device)
+    return loop_start(keep, cross_k, cross_v, BEAM, length, limit, PAD_ID, length, LENPEN, False, True, False)
 
 
 def compile_loop(model, device: torch.device, path: Path) -> float:
-    """LoopGraph exported and compiled by AOTInductor for `device`; its seconds."""
-    start = time.perf_counter()
+    """LoopGraph exported and compiled by AOTInductor for `device` (as engine=aoti compiles); its seconds."""
     example, dims = loop_examples(model)
-    example = tuple(x.to(device) for x in example)
-    program = torch.export.export(LoopGraph(model).eval(), example, dynamic_shapes=dims)
-    torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs={"freezing": True})
-    return time.perf_counter() - start
+    return compile_graph(LoopGraph(model).eval(), tuple(x.to(device) for x in example), dims, path)
 
 
 def loop_search(model, run, src: torch.Tensor, length: int) -> list:
@@ -173,12 +159,12 @@ def main() -> None:
     model = build(args.size, args.positions, args.vocab, device)
     sources = make_sources(args.sentences, args.vocab, device)
     batched = batches(sources, args.batch)
-    steps = args.sentences * args.length  # every sentence takes --length steps
     payload = {"command": command_line(), "hardware": hardware(device), "device": str(device), "size": args.size,
                "positions": args.positions, "vocab": args.vocab, "sentences": args.sentences, "batch": args.batch,
                "length": args.length, "beam": BEAM, "rows": []}
     regimes = {"one at a time": sources, f"{args.batch} per batch": batched}
-    row_steps = {"one at a time": steps, f"{args.batch} per batch": len(batched) * args.length}
+    # every sentence takes --length steps: one call per step per sentence, or per batch
+    row_steps = {"one at a time": args.sentences * args.length, f"{args.batch} per batch": len(batched) * args.length}
 
     def rows(system: str, times: dict[str, float]) -> list[dict]:
         out = []

@@ -36,39 +36,21 @@ from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from relmt.data.toy import generate  # noqa: E402
 from relmt.decode.beam import beam_search, finished_hypotheses, max_lengths  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
-from relmt.export.aoti import QUIET, SMALL_CONFIGS, flat_call  # noqa: E402
-from relmt.export.graphs import LoopGraph, loop_examples  # noqa: E402
+from relmt.export.aoti import SMALL_CONFIGS, compile_graph, flat_call  # noqa: E402
+from relmt.export.graphs import LoopGraph, loop_examples, loop_start  # noqa: E402
 
 BEAM, LENPEN = 4, 0.2
 
 
-def compile_package(module: torch.nn.Module, args: tuple, dims, path: Path, configs: dict | None = None) -> float:
-    """Export and compile `module` as engine=aoti compiles its graphs (freezing; `configs` besides); returns the
-    seconds taken."""
-    start = time.perf_counter()
-    program = torch.export.export(module, args, dynamic_shapes=dims)
-    torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs={
-        "freezing": True, **QUIET, **(configs or {})})
-    return time.perf_counter() - start
-
-
-def loop_inputs(aoti, src: torch.Tensor, slots: int, shape: dict) -> tuple:
+def loop_inputs(aoti, src: torch.Tensor, slots: int) -> tuple:
     """The loop's inputs for one batch: engine=aoti's encoder output and empty buffers of `slots` slots."""
     keep, cross_k, cross_v = aoti.run_encoder(src)
-    b, k = src.shape[0], BEAM
-    limit = max_lengths(keep, 0.0, slots)
-    history = torch.full((b, k, slots + 1), PAD_ID)
-    history[:, :, 0] = BOS_ID
-    alive = torch.full((b, k), float("-inf"))
-    alive[:, 0] = 0.0
-    cache = torch.zeros(shape["layers"], b, k, shape["heads"], slots, shape["d_head"])
-    return (history, keep, cross_k, cross_v, cache, cache.clone(), alive, torch.full((b, k), float("-inf")),
-            torch.full((b, k, slots), PAD_ID), limit, torch.tensor(1), torch.tensor(LENPEN, dtype=torch.float64),
-            torch.tensor(True), torch.tensor(True), torch.tensor(False))
+    return loop_start(keep, cross_k, cross_v, BEAM, slots, max_lengths(keep, 0.0, slots), PAD_ID, 1, LENPEN, True,
+                      True, False)
 
 
-def loop_search(aoti, run, src: torch.Tensor, slots: int, shape: dict) -> list:
-    pool_scores, pool_tokens, steps = run(*loop_inputs(aoti, src, slots, shape))
+def loop_search(aoti, run, src: torch.Tensor, slots: int) -> list:
+    pool_scores, pool_tokens, steps = run(*loop_inputs(aoti, src, slots))
     return finished_hypotheses(pool_scores, pool_tokens[:, :, :int(steps)], (EOS_ID, PAD_ID))
 
 
@@ -119,7 +101,7 @@ def carry_cost(tmp: Path, sizes: list[int]) -> list[dict]:
     x = torch.randn(12, 32)
     T = torch.export.Dim("T", min=2, max=1 << 20)
     path = tmp / "carry.pt2"
-    compile_package(Carry(), (x, torch.zeros(3, 4, 20, 32), torch.tensor(0), torch.tensor(8)),
+    compile_graph(Carry(), (x, torch.zeros(3, 4, 20, 32), torch.tensor(0), torch.tensor(8)),
                     (None, {2: T}, None, None), path)
     run, rows = flat_call(path), []
     for size in sizes:
@@ -142,7 +124,7 @@ def empty_call(tmp: Path) -> float:
             return (x + 1,)
 
     path = tmp / "empty.pt2"
-    compile_package(Empty(), (torch.tensor(0.0),), None, path)
+    compile_graph(Empty(), (torch.tensor(0.0),), None, path)
     run, x, best = flat_call(path), torch.tensor(0.0), float("inf")
     for _ in range(5):
         start = time.perf_counter()
@@ -170,26 +152,25 @@ def main() -> None:
     eager = Translator.from_checkpoint(args.checkpoint, device="cpu", engine="torch").model.float().eval()
     translator = Translator.from_checkpoint(args.checkpoint, device="cpu", engine="aoti")
     aoti, tok = translator.model, translator.tokenizer
-    shape = {"layers": aoti.layers, "heads": aoti.heads, "d_head": aoti.d_head}
     test = [src for src, _ in generate(seed=1, n_train=0, n_valid=0, n_test=args.sentences, n_test_long=0)["test"]]
     sources = [torch.tensor([ids + [EOS_ID]]) for ids in tok.encode(test)]
     with tempfile.TemporaryDirectory(prefix="search-loop-") as tmp, torch.no_grad():
         tmp = Path(tmp)
         example, dims = loop_examples(eager)
-        compile_seconds = compile_package(LoopGraph(eager).eval(), example, dims, tmp / "loop.pt2",
+        compile_seconds = compile_graph(LoopGraph(eager).eval(), example, dims, tmp / "loop.pt2",
                                           SMALL_CONFIGS if args.small else None)
         run = flat_call(tmp / "loop.pt2")
         rows = []
         for slots in slot_counts:
             same = 0
             for src in sources:
-                mine, theirs = loop_search(aoti, run, src, slots, shape)[0], step_search(aoti, src, slots)[0]
+                mine, theirs = loop_search(aoti, run, src, slots)[0], step_search(aoti, src, slots)[0]
                 same += [h.tokens for h in mine] == [h.tokens for h in theirs] and all(
                     abs(a.score - b.score) <= 1e-5 for a, b in zip(mine, theirs))
             best = {"per step": float("inf"), "loop": float("inf")}
             for _ in range(args.repeats):
                 for name, fn in (("per step", lambda s, n=slots: step_search(aoti, s, n)),
-                                 ("loop", lambda s, n=slots: loop_search(aoti, run, s, n, shape))):
+                                 ("loop", lambda s, n=slots: loop_search(aoti, run, s, n))):
                     start = time.perf_counter()
                     for src in sources:
                         fn(src)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ from step_profile import step_inputs  # noqa: E402
 
 from relmt.bench import best_per_call, command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
-from relmt.export.aoti import MIN_CHUNK, QUIET, SMALL_CONFIGS, compile_threads, flat_call  # noqa: E402
+from relmt.export.aoti import SMALL_CONFIGS, compile_graph, flat_call  # noqa: E402
 from relmt.export.graphs import SearchGraph, search_examples  # noqa: E402
 from relmt.export.quantize import UNUSED_ONCE_FROZEN, int8_copy  # noqa: E402
 
@@ -84,20 +83,14 @@ def main() -> None:
     args = ap.parse_args()
     model = Translator.from_checkpoint(args.checkpoint, device="cpu", engine="torch").model.float().eval()
     inputs = step_inputs(model, args.slots, args.source)
-    base = {"freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **QUIET}
     names = list(VARIANTS)
     with tempfile.TemporaryDirectory(prefix="small-rows-gemm-") as tmp, torch.no_grad():
         runs, seconds = {}, {}
         for i, name in enumerate(names):
             kind, configs = VARIANTS[name]
             variant = weights(model, kind)
-            example, dims = search_examples(variant, "few")
-            program = torch.export.export(SearchGraph(variant).eval(), example, dynamic_shapes=dims)
-            start = time.perf_counter()
             path = Path(tmp) / f"v{i}.pt2"
-            torch._inductor.aoti_compile_and_package(program, package_path=str(path),
-                                                     inductor_configs={**base, **configs})
-            seconds[name] = time.perf_counter() - start
+            seconds[name] = compile_graph(SearchGraph(variant).eval(), *search_examples(variant, "few"), path, configs)
             runs[name] = flat_call(path)
         ref = runs[names[0]](*inputs)
         diffs = {name: max(float((a.float() - b.float()).abs().max()) for a, b in zip(ref, runs[name](*inputs))

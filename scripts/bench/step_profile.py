@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ from relmt.bench import best_per_call, command_line, hardware, markdown_table, p
 from relmt.data.tokenizer import BOS_ID, PAD_ID  # noqa: E402
 from relmt.decode import beam  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
-from relmt.export.aoti import MIN_CHUNK, QUIET, SMALL_CONFIGS, compile_threads, flat_call  # noqa: E402
+from relmt.export.aoti import SMALL_CONFIGS, compile_graph, flat_call  # noqa: E402
 from relmt.export.graphs import SearchGraph, search_examples, shape_of  # noqa: E402
 from relmt.model.attention import MultiHeadAttention  # noqa: E402
 
@@ -69,14 +68,10 @@ def variant(name: str):
 def compile_step(model, path: Path, name: str, profile: bool = False, small: bool = True) -> float:
     """search_small.pt2 as relmt/export/aoti.py compiles it (small=False: search.pt2, which an int8 export runs at
     every size), from the step as `name` traces it; its seconds."""
-    start = time.perf_counter()
-    example, dims = search_examples(model)
-    with variant(name):
-        program = torch.export.export(SearchGraph(model).eval(), example, dynamic_shapes=dims)
-    torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs={
-        "freezing": True, "cpp.threads": compile_threads(), "cpp.min_chunk_size": MIN_CHUNK, **QUIET,
-        **(SMALL_CONFIGS if small else {}), **({"cpp.enable_kernel_profile": True} if profile else {})})
-    return time.perf_counter() - start
+    with variant(name):  # the patches shape what is traced; compiling reads the traced program alone
+        return compile_graph(SearchGraph(model).eval(), *search_examples(model), path,
+                             {**(SMALL_CONFIGS if small else {}), **({"cpp.enable_kernel_profile": True} if profile
+                                                                      else {})})
 
 
 def step_inputs(model, slots: int, source: int) -> tuple:
