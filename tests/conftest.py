@@ -41,7 +41,12 @@ def cpu_for_auto():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked gpu need a CUDA device (make test-gpu); without one they are skipped, saying so."""
+    """Tests marked `first` run before the others, in their own order: each compiles for minutes, and
+    pytest-xdist's worksteal gives every worker a contiguous share of the collection, so they all land at the
+    head of the first worker's share while the others take the rest (make test's wall time; at the end they left
+    one worker compiling alone). Tests marked gpu need a CUDA device (make test-gpu); without one they are skipped,
+    saying so."""
+    items.sort(key=lambda item: "first" not in item.keywords)  # stable: the collection's order otherwise
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device: run make test-gpu on a GPU machine")

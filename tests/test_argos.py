@@ -36,7 +36,7 @@ from relmt.config import DataConfig, PosKind, Source  # noqa: E402
 from relmt.data.toy import generate  # noqa: E402
 from relmt.errors import UserError  # noqa: E402
 from relmt.export.argos import check_argos, export, metadata, offline_env  # noqa: E402
-from tests.tiny_checkpoints import model_config, toy_tokenizer, train_tiny, write_checkpoint  # noqa: E402
+from tests.tiny_checkpoints import model_config, shared_tiny, toy_tokenizer, write_checkpoint  # noqa: E402
 
 ARGOS = """
 import json, sys
@@ -52,7 +52,7 @@ print(json.dumps({"installed": str(pkg.package_path), "from": pkg.from_code, "to
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    return train_tiny(tmp_path_factory.mktemp("argos"), "model.relative_share_heads=true")
+    return shared_tiny(tmp_path_factory, "tiny_shared_heads", "model.relative_share_heads=true")
 
 
 def test_argostranslate_installs_the_package_and_translates_as_relmt_does(trained, tmp_path, capsys):

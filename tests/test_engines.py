@@ -8,7 +8,8 @@ int8); the CLI's aoti case (the CLI itself runs with onnx), the eleven random co
 format=aoti are marked exhaustive, a sweep
 make test leaves out (make test-exhaustive runs it; every position mode goes through the graphs eagerly in
 tests/test_search_graph.py and tests/test_continuous.py). t5 left make test when int8 joined it, to keep make test
-under 15 minutes on 2 cores, and the CLI's aoti case when the device lane did."""
+under 15 minutes on 2 cores, and the CLI's aoti case when the device lane did. The trained model is trained once
+for all the workers (tests/tiny_checkpoints.py: shared_tiny), and its compiles run first (the `first` marker)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from relmt.errors import UserError
 from relmt.export.aoti import AotiModel, compile_threads, export_aoti
 from relmt.export.graphs import GRAPHS_VERSION
 from relmt.export.onnx import OnnxModel, export_onnx
-from tests.tiny_checkpoints import SENTENCES, TOY, model_config, random_model, toy_tokenizer, train_tiny
+from tests.tiny_checkpoints import SENTENCES, TOY, model_config, random_model, shared_tiny, toy_tokenizer
 
 pytest.importorskip("onnxruntime")
 ENGINES = {"onnx": lambda model, path: OnnxModel(export_onnx(model, path), threads=1),
@@ -92,11 +93,14 @@ def package_code(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """The tiny preset (per-head relative tables) trained for 300 updates."""
-    return train_tiny(tmp_path_factory.mktemp("trained"))
+    """The tiny preset (per-head relative tables) trained for 300 updates, once for all workers, with its engine
+    artefacts."""
+    return shared_tiny(tmp_path_factory, "tiny_per_head")
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
+# the tests that compile the trained model for engine=aoti, or use that compile, run first (tests/conftest.py), in
+# this order: the first compiles it, and the next ones on the same worker find it made
+@pytest.mark.parametrize("engine", [pytest.param("onnx"), pytest.param("aoti", marks=pytest.mark.first)])
 def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trained):
     from relmt import checkpoint
 
@@ -136,6 +140,7 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
         assert [h.score for h in out[i]] == pytest.approx([h.score for h in want], abs=1e-4)
 
 
+@pytest.mark.first
 def test_aoti_packages_run_through_their_c_abi_without_the_gil_and_as_torchs_binding_runs_them(trained):
     """relmt/export/aoti.py's released_call (issue 70): the engine calls each compiled model through its library's
     C ABI, which gives the same outputs as torch's binding of the package and lets other Python threads run during the
@@ -216,6 +221,7 @@ def call_encoder(folder: Path, how: str) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.first
 def test_an_aoti_package_given_another_number_of_inputs_raises_instead_of_aborting(trained):
     """The container checks the input count outside its own error handling: another count aborted the process
     (SIGABRT, "expected inputs vector size to be 1, but got 2"). relmt's call checks it first and raises."""
@@ -224,6 +230,7 @@ def test_an_aoti_package_given_another_number_of_inputs_raises_instead_of_aborti
     assert "export it again" in message
 
 
+@pytest.mark.first
 def test_a_failing_aoti_package_says_why(trained):
     """The reason a compiled model failed, which AOTInductor keeps (AOTInductorGetLastError), is in the exception,
     not only on stderr."""
@@ -231,6 +238,7 @@ def test_a_failing_aoti_package_says_why(trained):
     assert "encoder.pt2: the compiled model failed" in message and "unmatched dtype" in message, message
 
 
+@pytest.mark.first
 def test_an_aoti_export_of_other_graphs_is_refused_as_it_loads(trained, tmp_path):
     """An export compiled from older graphs (before GRAPHS_VERSION 6 the search graph took 17 inputs, the cache
     stacked; now 15 and each layer's keys and values) is
@@ -258,6 +266,7 @@ def test_an_aoti_export_of_other_graphs_is_refused_as_it_loads(trained, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.first
 def test_int8_on_engine_aoti_runs_int8_products_and_keeps_the_translations(trained):
     """engine=aoti quantization=int8 (relmt/export/quantize.py; issue 62): the compiled graphs multiply with int8
     GEMMs, and a trained model translates the toy sentences nearly as in float32 (a floor on BLEU against the

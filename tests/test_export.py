@@ -32,7 +32,7 @@ from relmt.errors import UserError
 from relmt.export.ctranslate2 import export
 from relmt.export.decoding import translate_options
 from relmt.model.transformer import Transformer, build_model
-from tests.tiny_checkpoints import TOY, train_tiny
+from tests.tiny_checkpoints import TOY, shared_tiny
 
 WORDS = ("the a my dog cat bird king frog saw chased found ran slept big small red old near river house "
          "alice bob carol and because that quickly said").split()
@@ -171,7 +171,7 @@ def test_translate_options_decode_as_the_checkpoint_does(decode, spm_model, tmp_
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """The tiny model with head-shared relative tables, trained for 300 updates."""
-    return train_tiny(tmp_path_factory.mktemp("trained"), "model.relative_share_heads=true")
+    return shared_tiny(tmp_path_factory, "tiny_shared_heads", "model.relative_share_heads=true")
 
 
 @pytest.mark.parametrize("alpha,norm", [(0.0, LengthNorm.gnmt), (0.6, LengthNorm.power), (1.0, LengthNorm.power)])

@@ -6,6 +6,8 @@ they read real ones. Nothing is trained: the properties tested hold whatever the
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -77,3 +79,20 @@ def train_tiny(directory: Path, *overrides: str) -> Path:
     cfg.out_dir = str(directory / "run")
     train(cfg)
     return directory / "run" / "checkpoints" / "last.pt"
+
+
+def shared_tiny(tmp_path_factory, name: str, *overrides: str) -> Path:
+    """train_tiny's checkpoint made once per test run and shared by every pytest-xdist worker (their temporary
+    folders' common parent; without xdist, this process's own): the first worker to need it trains it while the
+    others wait, and the engine artefacts made next to it (relmt/export/engines.py, safe to race) are shared too, so
+    that make test trains and compiles each once, whichever workers its tests land on."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    last = root / name / "run" / "checkpoints" / "last.pt"
+    with FileLock(str(root / f"{name}.lock")):
+        if not last.is_file():
+            shutil.rmtree(root / name, ignore_errors=True)  # a worker killed while training
+            train_tiny(root / name, *overrides)
+    return last
