@@ -52,3 +52,43 @@ def test_best_per_call_interleaves_the_rounds_and_counts_each_call():
                          warmup=4)
     assert order == ["a"] * 4 + ["b"] * 4 + ["a", "a", "b", "b"] * 3
     assert set(best) == {"a", "b"} and all(0 < s < 1 for s in best.values())
+
+
+def test_loop_weights_packs_a_while_loops_linear_maps_and_keeps_its_result(tmp_path):
+    """scripts/bench/loop_weights.py (search_loop.py --packed): a while_loop whose body applies two linear maps, one
+    of them by a weight the body also reads otherwise, compiles with every GEMM on oneDNN's packed weights, not
+    ATen's addmm and mm, and gives the eager module's result; inductor's own lowering is back after it."""
+    import zipfile
+
+    import torch
+    from torch._higher_order_ops.while_loop import while_loop
+    from torch._inductor.lowering import lowerings
+
+    from relmt.export.aoti import compile_graph, flat_call
+
+    packing = load_script("loop_weights")
+
+    class Loop(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16, bias=False)
+
+        def forward(self, x, n):
+            def body(x, i):
+                return torch.tanh(self.b(self.a(x))) + self.b.weight.sum(0), i + 1
+
+            return while_loop(lambda x, i: i < n, body, (x, torch.zeros((), dtype=torch.long)))[0]
+
+    torch.manual_seed(0)
+    model, x, n = Loop().eval(), torch.randn(4, 16), torch.tensor(3)
+    op = torch.ops.mkldnn._linear_pointwise.default
+    lowering = lowerings[op]
+    with torch.no_grad(), packing.packed_loop_weights() as configs:
+        compile_graph(model, (x, n), None, tmp_path / "loop.pt2", configs)
+    assert lowerings[op] is lowering
+    with zipfile.ZipFile(tmp_path / "loop.pt2") as package:
+        code = "".join(package.read(f).decode(errors="ignore") for f in package.namelist() if f.endswith(".cpp"))
+    assert code.count("aoti_torch_cpu__linear_pointwise(") == 2
+    assert "aoti_torch_cpu_addmm_out(" not in code and "aoti_torch_cpu_mm_out(" not in code
+    with torch.no_grad():
+        assert torch.allclose(flat_call(tmp_path / "loop.pt2")(x, n)[0], model(x, n), atol=1e-5)

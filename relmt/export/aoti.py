@@ -271,6 +271,7 @@ def released_call(path: Path):
                     ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p]
     run.restype = ctypes.c_int32
     n_in, n_out = inputs.value, outputs.value
+    In, Out = ctypes.c_void_p * n_in, ctypes.c_void_p * n_out  # the handles' arrays, their types made once
     try:  # why a run failed, which the library keeps (for the thread that ran it) and writes to stderr
         last_error = library.AOTInductorGetLastError
         last_error.argtypes, last_error.restype = [ctypes.POINTER(ctypes.c_char_p)], ctypes.c_int32
@@ -293,9 +294,10 @@ def released_call(path: Path):
         if len(inputs) != n_in:
             raise RuntimeError(f"{path}: the compiled model takes {n_in} inputs, and was given {len(inputs)} (a "
                                f"package of other graphs than this relmt's? {AGAIN})")
-        handles = [pointer(h, None) for h in aoti.unsafe_alloc_void_ptrs_from_tensors([x.contiguous() for x in inputs])]
-        out = (ctypes.c_void_p * n_out)()
-        if run(handle, (ctypes.c_void_p * len(handles))(*handles), len(handles), out, n_out, None, None):
+        handles = In(*[pointer(h, None) for h in aoti.unsafe_alloc_void_ptrs_from_tensors(
+            [x.contiguous() for x in inputs])])
+        out = Out()
+        if run(handle, handles, n_in, out, n_out, None, None):
             raise RuntimeError(f"{path}: the compiled model failed (AOTInductorModelContainerRun): {reason()}")
         return tuple(aoti.alloc_tensors_by_stealing_from_void_ptrs([capsule(p, None, None) for p in out]))
 

@@ -397,7 +397,7 @@ class GraphModel:
         raise NotImplementedError
 
     run_search = None  # an engine with a SearchGraph: run_search(*inputs in SEARCH_INPUTS order, flat) -> its outputs
-    _settings: tuple = (None, ())  # the last search's settings and their tensors
+    _settings: tuple = (None, None, ())  # the last search's Rules, their settings and the settings' tensors
 
     def searches(self, rules: Rules) -> bool:
         """Whether `search_step` serves a beam search with these rules: the engine has a search graph, and the
@@ -415,14 +415,23 @@ class GraphModel:
         if cache is None:
             cache = self.init_cache(memory, b * k)
         order = cache.order if cache.order is not None else torch.arange(b * k)
-        starts = (torch.zeros(b, dtype=torch.long) if starts is None else starts)[:, None].expand(b, k)
-        key = (rules.min_len, float(rules.lenpen), LengthNorm(rules.norm), bool(rules.t2t), bool(rules.early_stop))
-        if self._settings[0] != key:  # made once per setting, not at every step (continuous batching makes new Rules)
-            self._settings = key, (
-                torch.tensor(rules.min_len), torch.tensor(float(rules.lenpen), dtype=torch.float64),
-                torch.tensor(LengthNorm(rules.norm) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
-                torch.tensor(bool(rules.early_stop)))
-        settings = self._settings[1]
+        if starts is None:  # every sentence began with the search: one (b, k) tensor of zeros per shape, kept
+            zeros = self.__dict__.setdefault("_zeros", {})
+            starts = zeros.get((b, k))
+            if starts is None:
+                starts = zeros[b, k] = torch.zeros(b, k, dtype=torch.long)
+        else:
+            starts = starts[:, None].expand(b, k)
+        if self._settings[0] is not rules:  # a search's steps share its Rules: the key is made once a search
+            key = (rules.min_len, float(rules.lenpen), LengthNorm(rules.norm), bool(rules.t2t), bool(rules.early_stop))
+            if self._settings[1] != key:  # tensors made once per setting (continuous batching makes new Rules)
+                self._settings = rules, key, (
+                    torch.tensor(rules.min_len), torch.tensor(float(rules.lenpen), dtype=torch.float64),
+                    torch.tensor(LengthNorm(rules.norm) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
+                    torch.tensor(bool(rules.early_stop)))
+            else:
+                self._settings = rules, *self._settings[1:]
+        settings = self._settings[2]
         history, alive, pool_scores, pool_tokens, rows, *kv, done = self.run_search(
             beams.tokens.view(b, k, -1), src_mask, memory.cross_k, memory.cross_v, *cache.self_k, *cache.self_v,
             order.view(b, k), starts, beams.alive, beams.pool_scores, beams.pool_tokens, beams.limit, *settings)

@@ -14,7 +14,9 @@ One sentence at a time (the toy test set), beam 4, length penalty 0.2 (power), 1
    the same way, timed at several T (AOTInductor copies the carried tensors at every iteration);
 4. the per-step path's host cost: its time outside the compiled calls, per search-graph call;
 5. the floor: an empty compiled call (a 0-d tensor plus one) through engine=aoti's call path
-   (relmt.export.aoti.flat_call), in microseconds.
+   (relmt.export.aoti.flat_call), in microseconds;
+6. with --packed, the loop compiled again with its body's linear weights packed for oneDNN (scripts/bench/
+   loop_weights.py), as freezing packs the per-step graph's but not a while_loop body's: hypotheses and speed.
 Timings are interleaved over --repeats rounds; the best round counts.
 """
 
@@ -143,6 +145,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--small", action="store_true", help="compile the loop as search_small.pt2 is (inductor's C++ GEMM "
                     "template, autotuned at a few rows), not as search.pt2")
+    ap.add_argument("--packed", action="store_true", help="also the loop with its body's linear weights packed for "
+                    "oneDNN (scripts/bench/loop_weights.py), as freezing packs the per-step graph's")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--md", type=Path)
     args = ap.parse_args()
@@ -160,24 +164,38 @@ def main() -> None:
         compile_seconds = compile_graph(LoopGraph(eager).eval(), example, dims, tmp / "loop.pt2",
                                           SMALL_CONFIGS if args.small else None)
         run = flat_call(tmp / "loop.pt2")
+        loops = {"loop": run}
+        if args.packed:
+            from loop_weights import packed_loop_weights
+
+            with packed_loop_weights() as configs:
+                compile_graph(LoopGraph(eager).eval(), example, dims, tmp / "packed.pt2",
+                              {**(SMALL_CONFIGS if args.small else {}), **configs})
+            loops["packed"] = flat_call(tmp / "packed.pt2")
         rows = []
         for slots in slot_counts:
-            same = 0
+            same = dict.fromkeys(loops, 0)
             for src in sources:
-                mine, theirs = loop_search(aoti, run, src, slots)[0], step_search(aoti, src, slots)[0]
-                same += [h.tokens for h in mine] == [h.tokens for h in theirs] and all(
-                    abs(a.score - b.score) <= 1e-5 for a, b in zip(mine, theirs))
-            best = {"per step": float("inf"), "loop": float("inf")}
+                theirs = step_search(aoti, src, slots)[0]
+                for name, loop in loops.items():
+                    mine = loop_search(aoti, loop, src, slots)[0]
+                    same[name] += [h.tokens for h in mine] == [h.tokens for h in theirs] and all(
+                        abs(a.score - b.score) <= 1e-5 for a, b in zip(mine, theirs))
+            best = {"per step": float("inf"), **dict.fromkeys(loops, float("inf"))}
             for _ in range(args.repeats):
                 for name, fn in (("per step", lambda s, n=slots: step_search(aoti, s, n)),
-                                 ("loop", lambda s, n=slots: loop_search(aoti, run, s, n))):
+                                 *((name, lambda s, n=slots, r=r: loop_search(aoti, r, s, n))
+                                   for name, r in loops.items())):
                     start = time.perf_counter()
                     for src in sources:
                         fn(src)
                     best[name] = min(best[name], time.perf_counter() - start)
-            rows.append({**host_cost(aoti, sources, slots), "slots": slots, "same": f"{same} of {len(sources)}",
+            rows.append({**host_cost(aoti, sources, slots), "slots": slots,
+                         "same": " and ".join(f"{n} of {len(sources)}" for n in same.values()),
                          "per_step_sent_s": len(sources) / best["per step"], "loop_sent_s": len(sources) / best["loop"],
-                         "loop_over_per_step": best["per step"] / best["loop"]})
+                         "loop_over_per_step": best["per step"] / best["loop"],
+                         **({"packed_sent_s": len(sources) / best["packed"], "packed_over_loop": best["loop"] /
+                             best["packed"]} if "packed" in loops else {})})
         carry = carry_cost(tmp, [int(s) for s in args.carry_slots.split(",")])
         floor = empty_call(tmp)
 
@@ -186,6 +204,8 @@ def main() -> None:
                                   ("per_step_sent_s", "engine=aoti, a call per step: sentences/s"),
                                   ("loop_sent_s", "the loop, one call: sentences/s"),
                                   ("loop_over_per_step", "loop ÷ per step"),
+                                  *([("packed_sent_s", "the loop, weights packed: sentences/s"),
+                                     ("packed_over_loop", "packed ÷ loop")] if args.packed else []),
                                   ("compiled_ms_per_step", "per step: ms inside compiled calls, per step"),
                                   ("host_us_per_step", "per step: µs of host work, per step")])
     carry_table = markdown_table(carry, [("slots", "slots T"), ("buffer_kib", "carried buffer, KiB"),
@@ -196,6 +216,9 @@ def main() -> None:
                "carry": carry, "empty_call_us": floor}
     if args.out:
         write_json(args.out, payload)
+    packed_note = (" (and with --packed, the loop again with its body's linear weights packed for oneDNN: "
+                   "freezing packs only the weights of the graph that multiplies by them, and a while_loop's body "
+                   "gets them as operands; scripts/bench/loop_weights.py)") if args.packed else ""
     if args.md:
         args.md.write_text(
             page_head("The whole search in one compiled call (issue 76 §1)", hw, payload["command"]) +
@@ -203,9 +226,9 @@ def main() -> None:
             f"beam {BEAM}, length penalty {LENPEN} (power), one thread; best of {args.repeats} interleaved rounds\n\n"
             f"The loop (relmt.export.graphs.LoopGraph: SearchGraph's step inside torch's while_loop, compiled by "
             f"AOTInductor in {compile_seconds:.0f} s) against engine=aoti's search, both after engine=aoti's "
-            f"encoder:\n\n{table}\n\nWhat a carried buffer costs: a compiled while_loop writing one slot of a "
-            f"(3, 4, T, 32) float32 buffer per iteration:\n\n{carry_table}\n\nThe floor, an empty compiled call "
-            f"through engine=aoti's call path (relmt.export.aoti.flat_call): {floor:.1f} µs.\n")
+            f"encoder{packed_note}:\n\n{table}\n\nWhat a carried buffer costs: a compiled while_loop writing one "
+            f"slot of a (3, 4, T, 32) float32 buffer per iteration:\n\n{carry_table}\n\nThe floor, an empty compiled "
+            f"call through engine=aoti's call path (relmt.export.aoti.flat_call): {floor:.1f} µs.\n")
 
 
 if __name__ == "__main__":
