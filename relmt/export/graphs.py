@@ -28,6 +28,7 @@ may supply `run_search`, which beam_search then calls through `search_step` inst
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -164,10 +165,16 @@ class LoopGraph(nn.Module):
     (L, B, K, H, T, D); pool_tokens (B, K, T), padding. T bounds the steps (the longest limit). The step is
     SearchGraph's, so a step gives what a search step gives; a sentence done stays in the batch, its pool
     frozen (beam_search takes done sentences out instead: the same pools). Offline searches only (starts 0).
-    Returns the pools (pool_tokens: the first `steps` slots hold the tokens) and the steps taken."""
+    Returns the pools (pool_tokens: the first `steps` slots hold the tokens) and the steps taken.
+
+    It steps a copy of `model` with its computed weights made once (Transformer.freeze_projections: the scaled W^Q,
+    W^Q|W^K|W^V, the output layer): a while_loop's body gets the weights as operands, where freezing does not fold
+    what is computed from them, so they were computed again at every iteration (docs/results/engines/search_loop.md)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
+        model = copy.deepcopy(model).eval()
+        model.freeze_projections()
         self.search = SearchGraph(model)
 
     def forward(self, history: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
