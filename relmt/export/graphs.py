@@ -408,9 +408,12 @@ class GraphModel:
 
     def searches(self, rules: Rules) -> bool:
         """Whether `search_step` serves a beam search with these rules: the engine has a search graph, and the
-        ids are the ones compiled into it."""
-        return self.run_search is not None and rules.eos_id == EOS_ID and \
-            rules.banned.tolist() == [self.pad_id, BOS_ID]
+        ids are the ones compiled into it (asked at every step of a running search: answered once per Rules)."""
+        known = self.__dict__.get("_searches")
+        if known is None or known[0] is not rules or known[1] is not self.run_search:
+            known = self._searches = rules, self.run_search, self.run_search is not None and \
+                rules.eos_id == EOS_ID and rules.banned.tolist() == [self.pad_id, BOS_ID]
+        return known[2]
 
     def search_step(self, beams: Beams, memory: GraphMemory, src_mask: Tensor, cache: GraphCache | None,
                     rules: Rules, starts: Tensor | None = None) -> tuple[Beams, Tensor, GraphCache]:
@@ -427,8 +430,11 @@ class GraphModel:
             starts = zeros.get((b, k))
             if starts is None:
                 starts = zeros[b, k] = torch.zeros(b, k, dtype=torch.long)
-        else:
-            starts = starts[:, None].expand(b, k)
+        else:  # a running search's starts (continuous batching), the same tensor from one join or cut to the next
+            kept = self.__dict__.get("_starts")
+            if kept is None or kept[0] is not starts:
+                kept = self._starts = starts, starts[:, None].expand(b, k).contiguous()
+            starts = kept[1]
         if self._settings[0] is not rules:  # a search's steps share its Rules: the key is made once a search
             key = (rules.min_len, float(rules.lenpen), LengthNorm(rules.norm), bool(rules.t2t), bool(rules.early_stop))
             if self._settings[1] != key:  # tensors made once per setting (continuous batching makes new Rules)
