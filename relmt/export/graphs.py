@@ -404,16 +404,24 @@ class GraphModel:
         raise NotImplementedError
 
     run_search = None  # an engine with a SearchGraph: run_search(*inputs in SEARCH_INPUTS order, flat) -> its outputs
-    _settings: tuple = (None, None, ())  # the last search's Rules, their settings and the settings' tensors
+
+    def for_rules(self, rules: Rules) -> tuple[bool, tuple[Tensor, ...]]:
+        """Whether `search_step` serves a beam search with these rules (the engine has a search graph, and the ids are
+        the ones compiled into it), and the settings as the search graph's inputs: made once per Rules, which a
+        search's steps share (a running search asks at every step)."""
+        kept = self.__dict__.get("_rules")
+        if kept is None or kept[0] is not rules or kept[1] is not self.run_search:
+            serves = self.run_search is not None and rules.eos_id == EOS_ID and \
+                rules.banned.tolist() == [self.pad_id, BOS_ID]
+            settings = (torch.tensor(rules.min_len), torch.tensor(float(rules.lenpen), dtype=torch.float64),
+                        torch.tensor(LengthNorm(rules.norm) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
+                        torch.tensor(bool(rules.early_stop)))
+            kept = self._rules = rules, self.run_search, serves, settings
+        return kept[2], kept[3]
 
     def searches(self, rules: Rules) -> bool:
-        """Whether `search_step` serves a beam search with these rules: the engine has a search graph, and the
-        ids are the ones compiled into it (asked at every step of a running search: answered once per Rules)."""
-        known = self.__dict__.get("_searches")
-        if known is None or known[0] is not rules or known[1] is not self.run_search:
-            known = self._searches = rules, self.run_search, self.run_search is not None and \
-                rules.eos_id == EOS_ID and rules.banned.tolist() == [self.pad_id, BOS_ID]
-        return known[2]
+        """Whether `search_step` serves a beam search with these rules (`for_rules`)."""
+        return self.for_rules(rules)[0]
 
     def search_step(self, beams: Beams, memory: GraphMemory, src_mask: Tensor, cache: GraphCache | None,
                     rules: Rules, starts: Tensor | None = None) -> tuple[Beams, Tensor, GraphCache]:
@@ -425,26 +433,12 @@ class GraphModel:
         if cache is None:
             cache = self.init_cache(memory, b * k)
         order = cache.order if cache.order is not None else torch.arange(b * k)
-        if starts is None:  # every sentence began with the search: one (b, k) tensor of zeros per shape, kept
-            zeros = self.__dict__.setdefault("_zeros", {})
-            starts = zeros.get((b, k))
-            if starts is None:
-                starts = zeros[b, k] = torch.zeros(b, k, dtype=torch.long)
-        else:  # a running search's starts (continuous batching), the same tensor from one join or cut to the next
-            kept = self.__dict__.get("_starts")
-            if kept is None or kept[0] is not starts:
-                kept = self._starts = starts, starts[:, None].expand(b, k).contiguous()
-            starts = kept[1]
-        if self._settings[0] is not rules:  # a search's steps share its Rules: the key is made once a search
-            key = (rules.min_len, float(rules.lenpen), LengthNorm(rules.norm), bool(rules.t2t), bool(rules.early_stop))
-            if self._settings[1] != key:  # tensors made once per setting (continuous batching makes new Rules)
-                self._settings = rules, key, (
-                    torch.tensor(rules.min_len), torch.tensor(float(rules.lenpen), dtype=torch.float64),
-                    torch.tensor(LengthNorm(rules.norm) == LengthNorm.power), torch.tensor(bool(rules.t2t)),
-                    torch.tensor(bool(rules.early_stop)))
-            else:
-                self._settings = rules, *self._settings[1:]
-        settings = self._settings[2]
+        # the (b, k) starts the graph takes, made again only when the sentences change (a join, a cut, one done)
+        kept = self.__dict__.get("_starts")
+        if kept is None or kept[0] is not starts or kept[1] != (b, k):
+            made = torch.zeros(b, k, dtype=torch.long) if starts is None else starts[:, None].expand(b, k).contiguous()
+            kept = self._starts = starts, (b, k), made
+        starts, settings = kept[2], self.for_rules(rules)[1]
         history, alive, pool_scores, pool_tokens, rows, *kv, done = self.run_search(
             beams.tokens.view(b, k, -1), src_mask, memory.cross_k, memory.cross_v, *cache.self_k, *cache.self_v,
             order.view(b, k), starts, beams.alive, beams.pool_scores, beams.pool_tokens, beams.limit, *settings)
