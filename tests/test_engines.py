@@ -118,6 +118,17 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
     if engine == "aoti":  # compiled in a one-thread worker, for the machine's cores all the same
         [folder] = (trained.parent / f"{trained.name}.engines").glob("aoti-*")
         assert json.loads((folder / "aoti.json").read_text())["threads"] == compile_threads()
+        # a sentence at a time, the whole search is one call of loop.pt2 (issue 76 §1), with the same hypotheses
+        whole, calls = other.model.whole_search, []
+        other.model.whole_search = lambda *args: calls.append(args[2]) or whole(*args)
+        for options in ({"beam": 4, "nbest": 4}, {"beam": 2, "nbest": 2, "lenpen": 1.0, "length_norm": "power",
+                                                  "eos_candidates": EosCandidates.fairseq, "min_len": 3}):
+            mine, theirs = eager.hypotheses(TOY, **options), other.hypotheses(TOY, max_sentences=1, **options)
+            for sentence, a, b in zip(TOY, mine, theirs):
+                assert [h.tokens for h in a] == [h.tokens for h in b], (sentence, options)
+                assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+        assert calls == [4] * len(TOY) + [2] * len(TOY)
+        del other.model.whole_search
     # continuous batching (relmt-serve's, issue 62 §3): sentences that join the engine's running search at steps
     # 0, 1 and 4 get what eager relmt gives each decoded alone
     cfg = replace(eager.decode, beam=4, nbest=4)

@@ -10,8 +10,9 @@ import torch
 
 from relmt.config import PosKind
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from relmt.decode.beam import beam_search, finished_hypotheses, max_lengths
-from relmt.export.graphs import EncoderGraph, LoopGraph, loop_start
+from relmt.decode.beam import Rules, beam_search, finished_hypotheses, max_lengths
+from relmt.export import graphs
+from relmt.export.graphs import LOOP_STATE, EncoderGraph, GraphMemory, GraphModel, LoopGraph, loop_start, shape_of
 from tests.tiny_checkpoints import model_config, random_model
 
 A, B = 1.0, 2  # each sentence's step limit: |x| + 2 (sentences that stop at different steps)
@@ -25,8 +26,8 @@ def loop_search(model, src: torch.Tensor, beam: int, min_len: int, lenpen: float
     limit = max_lengths(keep, A, B)
     inputs = loop_start(keep, cross_k, cross_v, beam, int(limit.max()), limit, model.pad_id, min_len, lenpen, power,
                         t2t, early_stop)
-    pool_scores, pool_tokens, steps = LoopGraph(model)(*inputs)
-    return finished_hypotheses(pool_scores, pool_tokens[:, :, :int(steps)], (EOS_ID, PAD_ID))
+    out = dict(zip(LOOP_STATE, LoopGraph(model)(*inputs)))
+    return finished_hypotheses(out["pool_scores"], out["pool_tokens"][:, :, :int(out["t"])], (EOS_ID, PAD_ID))
 
 
 @pytest.mark.parametrize("rules", [
@@ -75,3 +76,44 @@ def test_the_loop_runs_on_cuda_as_on_the_cpu():
     assert [h.score for hs in cuda for h in hs] == pytest.approx([h.score for hs in cpu for h in hs], abs=1e-5)
     # each step: the predicate and t.item(); then the predicate that ends the loop (here at the step limit)
     assert len(loop_reads) == 2 * steps + 1, loop_reads
+
+
+class EagerLoop(GraphModel):
+    """GraphModel.whole_search over LoopGraph run eagerly (an engine runs it compiled, relmt/export/aoti.py)."""
+
+    def __init__(self, model) -> None:
+        super().__init__(shape_of(model))
+        self.run_loop = LoopGraph(model)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 32])
+def test_a_search_that_outgrows_its_buffers_goes_on_in_longer_ones(monkeypatch, slots):
+    """whole_search starts with LOOP_SLOTS slots and doubles them while the search goes on (each call's copies of
+    the buffers cost their length): with 1 or 2 slots to start, every sentence's search runs through several calls
+    and gives beam_search's hypotheses and scores, as it does in one call."""
+    monkeypatch.setattr(graphs, "LOOP_SLOTS", slots)
+    model = random_model(model_config(positions=PosKind.rel, relative_share_heads=True), 20, seed=3).eval()
+    width = max(map(len, SOURCES))
+    src = torch.tensor([s + [PAD_ID] * (width - len(s)) for s in SOURCES])
+    calls = []
+    engine = EagerLoop(model)
+    loop = engine.run_loop
+    engine.run_loop = lambda *inputs: calls.append(inputs[0].shape[2] - 1) or loop(*inputs)
+    with torch.no_grad():
+        keep, cross_k, cross_v = EncoderGraph(model)(src)
+        limit = max_lengths(keep, A, B)
+        rule = Rules(EOS_ID, torch.tensor([PAD_ID, BOS_ID]), 1, 0.6, "gnmt", True, False)
+        pool_scores, pool_tokens = engine.whole_search(GraphMemory(cross_k, cross_v), keep, 4, limit, rule)
+        mine = finished_hypotheses(pool_scores, pool_tokens, (EOS_ID, PAD_ID))
+        theirs = beam_search(model, src, 4, BOS_ID, EOS_ID, lenpen=0.6, max_len_a=A, max_len_b=B, nbest=4, min_len=1)
+    end = int(limit.max())
+    expected, size = [], min(slots, end)
+    while True:  # the buffers' slots at each call: doubled up to the longest step limit
+        expected.append(size)
+        if size == end:
+            break
+        size = min(2 * size, end)
+    assert calls == expected[:len(calls)] and len(calls) >= (2 if slots < end else 1)
+    for ours, reference in zip(mine, theirs):
+        assert [h.tokens for h in ours] == [h.tokens for h in reference]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in reference], abs=1e-5)

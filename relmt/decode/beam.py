@@ -287,7 +287,8 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
     handed to every cached step; None: the tied embedding itself. An `Ensemble` decodes through the
     same code: its memory, cache and output weights hold one entry per model. A model that `searches`
     with these rules (an engine whose compiled step includes `beam_step`, relmt/export/graphs.py) runs the
-    step and beam_step in one call of its `search_step`.
+    step and beam_step in one call of its `search_step`, and one with a compiled loop of those steps runs a search of
+    at most its `loop_rows` hypotheses in one call of its `whole_search` (relmt/export/aoti_loop.py).
 
     prefixes[i]: the ids row i's output begins with; constraints[i]: id sequences its output must contain, in
     that order if `ordered` (relmt/decode/constraints.py). Without either the search is the plain one. `stop`, asked
@@ -308,6 +309,9 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
                   src.new_empty((n, k, 0)), limit, forced)
     fused = use_cache and out_weight is None and getattr(model, "searches", None) is not None and \
         forced is None and model.searches(rules)
+    if fused and stop is None and n * k <= getattr(model, "loop_rows", 0):  # the whole search in one compiled call
+        pool_scores, pool_tokens = model.whole_search(memory, src_mask, k, limit, rules)  # (issue 76 §1)
+        return [hyps[:nbest] for hyps in finished_hypotheses(pool_scores, pool_tokens, (eos_id, pad_id))]
     sentence = torch.arange(n, device=src.device)  # original index of each remaining sentence
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     cache = None

@@ -16,6 +16,7 @@ given.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,14 +29,26 @@ from torch import Tensor
 
 from relmt.errors import UserError
 from relmt.export import graphs
-from relmt.export.graphs import EncoderGraph, GraphModel, SearchGraph, StepGraph, examples, search_examples, shape_of
+from relmt.export.aoti_loop import body_constants
+from relmt.export.graphs import (
+    EncoderGraph,
+    GraphModel,
+    LoopGraph,
+    SearchGraph,
+    StepGraph,
+    examples,
+    loop_examples,
+    search_examples,
+    shape_of,
+)
 from relmt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
 FILES = ("encoder.pt2", "step.pt2", "aoti.json")  # and search.pt2 and search_small.pt2, where the export has them
-AOTI_VERSION = 6  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK;
-# 5: the graphs for many rows traced at many rows (relmt.export.graphs.EXAMPLE_SIZES); 6: int8's search_small.pt2
+AOTI_VERSION = 7  # 2: search_small.pt2; 3: kernels split for the machine's cores (`compile_threads`); 4: MIN_CHUNK;
+# 5: the graphs for many rows traced at many rows (relmt.export.graphs.EXAMPLE_SIZES); 6: int8's search_small.pt2;
+# 7: loop.pt2, the whole search in one call (relmt/export/aoti_loop.py)
 # (a change makes a new artefact: relmt/export/engines.py's dependencies)
 # At a few rows (sentences x beams) a step's GEMMs are the library calls of oneDNN's prepacked products, and
 # inductor's own C++ GEMM template, autotuned at the examples' 6 rows (graphs.examples), runs them faster; at more
@@ -95,7 +108,8 @@ def compile_graph(module: torch.nn.Module, args: tuple, dims, path: str | Path, 
 @torch.no_grad()
 def export_aoti(model: Transformer, directory: str | Path, quantization: str = "float32",
                 kept_in: str | Path | None = None) -> Path:
-    """Compile encoder.pt2, step.pt2, search.pt2 and search_small.pt2 and write aoti.json into `directory`; with
+    """Compile encoder.pt2, step.pt2, search.pt2, search_small.pt2 and (float32) loop.pt2, the whole
+    search in one call (relmt/export/aoti_loop.py), and write aoti.json into `directory`; with
     quantization=int8, of a copy with int8 linear maps (relmt/export/quantize.py), its search_small.pt2 without
     inductor's GEMM template (which autotunes float32 products; an int8 one stays an `_int_mm`). A log line
     (WARNING: the CLIs show no INFO) before each graph names it and where the packages are kept (`kept_in`: the folder
@@ -119,6 +133,11 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
             ("search", SearchGraph(model), search, search_dims, {}),
             ("search_small", SearchGraph(model), *search_examples(model, "few"),
              SMALL_CONFIGS if quantization == "float32" else {})]
+    # the whole search in one call, for a sentence at a time (AotiModel.loop_rows), as search_small.pt2; not int8's:
+    # Dynamo's while_loop takes no tensor subclass as an operand (torchao's int8 weights: "get_tensor_storages does
+    # not support traceable wrapper subclasses", torch 2.13)
+    if quantization == "float32":
+        todo.append(("loop", LoopGraph(model), *loop_examples(model), SMALL_CONFIGS))
     began = time.perf_counter()
     with warnings.catch_warnings():  # the compiler's deprecation chatter is not the user's business
         warnings.simplefilter("ignore")
@@ -126,7 +145,8 @@ def export_aoti(model: Transformer, directory: str | Path, quantization: str = "
             log.warning("engine=aoti: compiling the %s graph (%d of %d; a few minutes in all, done once: the "
                         "packages are kept in %s)", name, number, len(todo), kept_in)
             tmp = directory / f".{name}.part.pt2"  # inductor wants the .pt2 suffix
-            seconds = compile_graph(module, args, dims, tmp, configs)
+            with body_constants() if name == "loop" else contextlib.nullcontext():
+                seconds = compile_graph(module, args, dims, tmp, configs)
             os.replace(tmp, directory / f"{name}.pt2")
             log.warning("engine=aoti: compiled the %s graph in %.0f s", name, seconds)
     log.warning("engine=aoti: compiled %d graphs in %.1f minutes", len(todo), (time.perf_counter() - began) / 60)
@@ -177,6 +197,7 @@ class AotiModel(GraphModel):
         super().__init__(meta)
         names = ["encoder", "step"] + (["search"] if (directory / "search.pt2").is_file() else [])
         names += ["search_small"] if names[-1] == "search" and (directory / "search_small.pt2").is_file() else []
+        names += ["loop"] if "search_small" in names and (directory / "loop.pt2").is_file() else []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             calls = {name: flat_call(directory / f"{name}.pt2") for name in names}
@@ -184,7 +205,7 @@ class AotiModel(GraphModel):
         cache = 2 * self.layers - 2  # self_k and self_v, one input (and output) per layer each
         search = len(graphs.SEARCH_INPUTS) + cache, len(graphs.SEARCH_OUTPUTS) + cache
         counts = {"encoder": (1, 3), "step": (len(graphs.STEP_INPUTS) - (not self.starts) + cache, 3 + cache),
-                  "search": search, "search_small": search}
+                  "search": search, "search_small": search, "loop": (len(graphs.LOOP_INPUTS), len(graphs.LOOP_OUTPUTS))}
         for name, call in calls.items():
             given = getattr(call, "inputs", None), getattr(call, "outputs", None)  # None: torch's loader runs it
             if None not in given and given != counts[name]:
@@ -196,6 +217,8 @@ class AotiModel(GraphModel):
         if "search" in calls:
             self.run_search = calls["search"] if "search_small" not in calls else \
                 by_rows(calls["search_small"], calls["search"])
+        if "loop" in calls:  # one sentence's whole search in one call; more rows step by step (their done leave)
+            self.run_loop, self.loop_rows = calls["loop"], SMALL_ROWS
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.encoder(src)

@@ -56,6 +56,7 @@ GRAPHS_VERSION = 7  # 2: the search step (SearchGraph); 3: the step's starts (co
 # keys and values one tensor per layer, and examples of batch size to trace with (issue 76 §2); 7: the search step
 # takes a cache longer than its history and leaves out the front slots (continuous batching's cut, issue 76 §2)
 CACHE = ("self_k", "self_v")  # the inputs (and outputs) that are one tensor per decoder layer
+LOOP_SLOTS = 32  # the slots a search in LoopGraph starts with (GraphModel.whole_search), doubled as it goes on
 
 
 def flat_names(names: tuple[str, ...], layers: int) -> list[str]:
@@ -152,9 +153,10 @@ class SearchGraph(nn.Module):
         return (beams.tokens.view(b, k, -1), beams.alive, beams.pool_scores, beams.pool_tokens, rows, *cache, done)
 
 
-LOOP_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "alive", "pool_scores", "pool_tokens",
-               "limit", "min_len", "lenpen", "power", "t2t", "early_stop")
-LOOP_OUTPUTS = ("pool_scores", "pool_tokens", "steps")
+LOOP_INPUTS = ("history", "keep", "cross_k", "cross_v", "self_k", "self_v", "order", "alive", "pool_scores",
+               "pool_tokens", "done", "t", "limit", "min_len", "lenpen", "power", "t2t", "early_stop")
+LOOP_STATE = ("history", "self_k", "self_v", "order", "alive", "pool_scores", "pool_tokens", "done", "t")
+LOOP_OUTPUTS = LOOP_STATE  # the state after the call: the pools, and where a search goes on, what it goes on from
 
 
 class LoopGraph(nn.Module):
@@ -162,14 +164,21 @@ class LoopGraph(nn.Module):
     sentence's search leaves Python once, not once per step. while_loop carries tensors of one shape, so the
     growing state lives in buffers of T slots, each step reading the t slots so far (t an unbacked size inside
     the loop) and writing its t + 1 back: history (B, K, T + 1), BOS in slot 0; the self-attention keys and values
-    (L, B, K, H, T, D); pool_tokens (B, K, T), padding. T bounds the steps (the longest limit). The step is
-    SearchGraph's, so a step gives what a search step gives; a sentence done stays in the batch, its pool
-    frozen (beam_search takes done sentences out instead: the same pools). Offline searches only (starts 0).
-    Returns the pools (pool_tokens: the first `steps` slots hold the tokens) and the steps taken.
+    (L, B, K, H, T, D); pool_tokens (B, K, T), padding. The step is SearchGraph's, so a step gives what a search
+    step gives; a sentence done stays in the batch, its pool frozen (beam_search takes done sentences out instead:
+    the same pools). Offline searches only (starts 0).
+
+    It runs from step t (an input, with the row each beam continues, `order`, and which sentences are `done`) until
+    every sentence is done, the longest step limit, or the buffers are full, and returns the state (LOOP_STATE):
+    the pools (pool_tokens: the first t slots hold the tokens), and what a call with longer buffers goes on from
+    (`loop_grown`): a step's copies of the buffers cost their length T, so a search starts with short ones and
+    grows them (GraphModel.whole_search), where one call with buffers of the step limit (the source's length + 50
+    by default) cost what a step of that many slots costs at every step (docs/results/engines/search_loop.md).
 
     It steps a copy of `model` with its computed weights made once (Transformer.freeze_projections: the scaled W^Q,
     W^Q|W^K|W^V, the output layer): a while_loop's body gets the weights as operands, where freezing does not fold
-    what is computed from them, so they were computed again at every iteration (docs/results/engines/search_loop.md)."""
+    what is computed from them, so they were computed again at every iteration (docs/results/engines/search_loop.md).
+    relmt/export/aoti_loop.py compiles it with the weights as the body's constants."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -178,9 +187,9 @@ class LoopGraph(nn.Module):
         self.search = SearchGraph(model)
 
     def forward(self, history: Tensor, keep: Tensor, cross_k: Tensor, cross_v: Tensor, self_k: Tensor,
-                self_v: Tensor, alive: Tensor, pool_scores: Tensor, pool_tokens: Tensor, limit: Tensor,
-                min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor, early_stop: Tensor
-                ) -> tuple[Tensor, Tensor, Tensor]:
+                self_v: Tensor, order: Tensor, alive: Tensor, pool_scores: Tensor, pool_tokens: Tensor, done: Tensor,
+                t: Tensor, limit: Tensor, min_len: Tensor, lenpen: Tensor, power: Tensor, t2t: Tensor,
+                early_stop: Tensor) -> tuple[Tensor, ...]:
         from torch._higher_order_ops.while_loop import while_loop
 
         b, k = alive.shape
@@ -212,11 +221,8 @@ class LoopGraph(nn.Module):
             return (history.slice_scatter(new_history, 2, 0, n + 2), self_k, self_v, rows.view(b, k), alive,
                     pool_scores, pool_tokens, done | finished, t + 1)
 
-        order = torch.arange(b * k, device=alive.device).view(b, k)
-        done = torch.zeros(b, dtype=torch.bool, device=alive.device)
-        t = torch.zeros((), dtype=torch.long, device=alive.device)
-        state = while_loop(cond, body, (history, self_k, self_v, order, alive, pool_scores, pool_tokens, done, t))
-        return state[5], state[6], state[8]
+        return tuple(while_loop(cond, body, (history, self_k, self_v, order, alive, pool_scores, pool_tokens, done,
+                                             t)))
 
 
 def shape_of(model: Transformer) -> dict:
@@ -279,21 +285,54 @@ def search_examples(model: Transformer, rows: str = "few") -> tuple[tuple, dict]
     return search, dims
 
 
-def loop_start(keep: Tensor, cross_k: Tensor, cross_v: Tensor, beam: int, slots: int, limit: Tensor, pad_id: int,
-               min_len: int, lenpen: float, power: bool, t2t: bool, early_stop: bool) -> tuple:
-    """LoopGraph's inputs (LOOP_INPUTS' order) for a batch, from its encoder's output as EncoderGraph gives it: BOS
-    in every history, one live beam a sentence (so that the first step does not repeat it `beam` times), empty pools
-    and buffers of `slots` slots, each sentence's step limit and the search's settings, on keep's device."""
+def loop_state(keep: Tensor, cross_k: Tensor, cross_v: Tensor, beam: int, slots: int, pad_id: int) -> dict:
+    """The state LoopGraph starts a search from (LOOP_STATE, by name), from its encoder's output as EncoderGraph gives
+    it: BOS in every history, one live beam a sentence (so that the first step does not repeat it `beam` times),
+    empty pools and buffers of `slots` slots, on keep's device."""
     device, (layers, b, heads, _, d_head) = keep.device, cross_k.shape
     history = torch.full((b, beam, slots + 1), pad_id, device=device)
     history[:, :, 0] = BOS_ID
     alive = torch.full((b, beam), float("-inf"), device=device)
     alive[:, 0] = 0.0
     cache = torch.zeros(layers, b, beam, heads, slots, d_head, device=device)
-    return (history, keep, cross_k, cross_v, cache, cache.clone(), alive, torch.full_like(alive, float("-inf")),
-            torch.full((b, beam, slots), pad_id, device=device), limit, torch.tensor(min_len, device=device),
-            torch.tensor(lenpen, dtype=torch.float64, device=device),
+    return {"history": history, "self_k": cache, "self_v": cache.clone(),
+            "order": torch.arange(b * beam, device=device).view(b, beam), "alive": alive,
+            "pool_scores": torch.full_like(alive, float("-inf")),
+            "pool_tokens": torch.full((b, beam, slots), pad_id, device=device),
+            "done": torch.zeros(b, dtype=torch.bool, device=device), "t": torch.zeros((), dtype=torch.long,
+                                                                                      device=device)}
+
+
+def loop_grown(state: dict, slots: int, pad_id: int) -> dict:
+    """LoopGraph's state (by name) with buffers of `slots` slots, the slots so far kept in front."""
+    more = slots - state["pool_tokens"].shape[2]
+    pad = torch.nn.functional.pad
+    return state | {"history": pad(state["history"], (0, more), value=pad_id),
+                    "pool_tokens": pad(state["pool_tokens"], (0, more), value=pad_id),
+                    **{name: pad(state[name], (0, 0, 0, more)) for name in CACHE}}
+
+
+def loop_inputs(state: dict, keep: Tensor, cross_k: Tensor, cross_v: Tensor, limit: Tensor,
+                settings: tuple[Tensor, ...]) -> list[Tensor]:
+    """LoopGraph's inputs in LOOP_INPUTS' order: the state, the batch's encoder output and step limits, and the
+    search's settings as the search graph takes them (min_len, lenpen, power, t2t, early_stop: GraphModel.for_rules)."""
+    given = state | {"keep": keep, "cross_k": cross_k, "cross_v": cross_v, "limit": limit}
+    return [given[name] for name in LOOP_INPUTS[:LOOP_INPUTS.index("min_len")]] + list(settings)
+
+
+def loop_settings(min_len: int, lenpen: float, power: bool, t2t: bool, early_stop: bool, device=None
+                  ) -> tuple[Tensor, ...]:
+    """A search's settings as LoopGraph and the search graph take them (0-d tensors)."""
+    return (torch.tensor(min_len, device=device), torch.tensor(lenpen, dtype=torch.float64, device=device),
             *(torch.tensor(flag, device=device) for flag in (power, t2t, early_stop)))
+
+
+def loop_start(keep: Tensor, cross_k: Tensor, cross_v: Tensor, beam: int, slots: int, limit: Tensor, pad_id: int,
+               min_len: int, lenpen: float, power: bool, t2t: bool, early_stop: bool) -> list[Tensor]:
+    """LoopGraph's inputs (LOOP_INPUTS' order) for a batch's whole search in one call: `loop_state` with buffers of
+    `slots` slots, the encoder's output, each sentence's step limit and the search's settings, on keep's device."""
+    return loop_inputs(loop_state(keep, cross_k, cross_v, beam, slots, pad_id), keep, cross_k, cross_v, limit,
+                       loop_settings(min_len, lenpen, power, t2t, early_stop, keep.device))
 
 
 def loop_examples(model: Transformer) -> tuple[tuple, dict]:
@@ -307,9 +346,10 @@ def loop_examples(model: Transformer) -> tuple[tuple, dict]:
     B, K, S = (torch.export.Dim(name, min=1, max=big) for name in ("B", "K", "S"))
     T = torch.export.Dim("T", min=2, max=big)
     dims = {"history": {0: B, 1: K, 2: T + 1}, "keep": {0: B, 1: S}, "cross_k": {1: B, 3: S}, "cross_v": {1: B, 3: S},
-            "self_k": {1: B, 2: K, 4: T}, "self_v": {1: B, 2: K, 4: T}, "alive": {0: B, 1: K},
-            "pool_scores": {0: B, 1: K}, "pool_tokens": {0: B, 1: K, 2: T}, "limit": {0: B}}
-    return loop, dims | {name: None for name in LOOP_INPUTS[LOOP_INPUTS.index("min_len"):]}
+            "self_k": {1: B, 2: K, 4: T}, "self_v": {1: B, 2: K, 4: T}, "order": {0: B, 1: K}, "alive": {0: B, 1: K},
+            "pool_scores": {0: B, 1: K}, "pool_tokens": {0: B, 1: K, 2: T}, "done": {0: B}, "t": None,
+            "limit": {0: B}}
+    return tuple(loop), dims | {name: None for name in LOOP_INPUTS[LOOP_INPUTS.index("min_len"):]}
 
 
 @dataclass(frozen=True)
@@ -404,6 +444,8 @@ class GraphModel:
         raise NotImplementedError
 
     run_search = None  # an engine with a SearchGraph: run_search(*inputs in SEARCH_INPUTS order, flat) -> its outputs
+    run_loop = None  # an engine with a LoopGraph: run_loop(*inputs in LOOP_INPUTS order) -> LOOP_OUTPUTS
+    loop_rows = 0  # the most hypotheses (sentences x beams) that beam_search hands to `whole_search` (0: none)
 
     def for_rules(self, rules: Rules) -> tuple[bool, tuple[Tensor, ...]]:
         """Whether `search_step` serves a beam search with these rules (the engine has a search graph, and the ids are
@@ -444,6 +486,24 @@ class GraphModel:
             order.view(b, k), starts, beams.alive, beams.pool_scores, beams.pool_tokens, beams.limit, *settings)
         return (Beams(history.view(b * k, -1), alive, pool_scores, pool_tokens, beams.limit), done,
                 GraphCache(tuple(kv[: self.layers]), tuple(kv[self.layers:]), rows, free_cuts=True))
+
+    def whole_search(self, memory: GraphMemory, src_mask: Tensor, beam: int, limit: Tensor, rules: Rules
+                     ) -> tuple[Tensor, Tensor]:
+        """A whole beam search in calls of the engine's LoopGraph (issue 76 §1): each sentence's pool of finished
+        hypotheses, scores (B, beam) and tokens (B, beam, t), as beam_search's steps leave it. The buffers start at
+        LOOP_SLOTS slots (or the step limit) and double while a search goes on past them (LoopGraph)."""
+        end = int(limit.max())
+        slots = min(end, LOOP_SLOTS)
+        state = loop_state(src_mask, memory.cross_k, memory.cross_v, beam, slots, self.pad_id)
+        settings = self.for_rules(rules)[1]
+        while True:
+            state = dict(zip(LOOP_STATE, self.run_loop(*loop_inputs(state, src_mask, memory.cross_k, memory.cross_v,
+                                                                        limit, settings))))
+            t = int(state["t"])
+            if t >= end or bool(state["done"].all()):
+                return state["pool_scores"], state["pool_tokens"][:, :, :t]
+            slots = min(2 * slots, end)
+            state = loop_grown(state, slots, self.pad_id)
 
     def eval(self) -> GraphModel:
         return self

@@ -190,7 +190,10 @@ class Transformer(nn.Module):
     def freeze_projections(self) -> None:
         """For an exported copy whose linear maps become modules of another kind (int8, relmt/export/quantize.py):
         every attention's computed projections as modules (MultiHeadAttention.freeze_projections), and the tied
-        output layer as a Linear of its own (a copy of the embedding). Never on a model that trains."""
+        output layer as a Linear of its own (a copy of the embedding). Never on a model that trains. A model frozen
+        already stays as it is (an int8 copy, whose frozen maps are int8 modules: relmt.export.graphs.LoopGraph)."""
+        if any(isinstance(m, MultiHeadAttention) and m.frozen is not None for m in self.modules()):
+            return
         for module in self.modules():
             if isinstance(module, MultiHeadAttention):
                 module.freeze_projections()

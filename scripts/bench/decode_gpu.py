@@ -39,7 +39,7 @@ from relmt.config import PosKind, compose  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from relmt.decode.beam import beam_search, finished_hypotheses  # noqa: E402
 from relmt.export.aoti import compile_graph  # noqa: E402
-from relmt.export.graphs import EncoderGraph, LoopGraph, loop_examples, loop_start  # noqa: E402
+from relmt.export.graphs import LOOP_STATE, EncoderGraph, LoopGraph, loop_examples, loop_start  # noqa: E402
 from relmt.model.transformer import build_model  # noqa: E402
 
 BEAM, LENPEN = 4, 0.6
@@ -94,8 +94,9 @@ def compile_loop(model, device: torch.device, path: Path) -> float:
 
 
 def loop_search(model, run, src: torch.Tensor, length: int) -> list:
-    pool_scores, pool_tokens, steps = run(*loop_inputs(model, src, length))
-    return [hyps[:1] for hyps in finished_hypotheses(pool_scores, pool_tokens[:, :, :int(steps)], (EOS_ID, PAD_ID))]
+    out = dict(zip(LOOP_STATE, run(*loop_inputs(model, src, length))))
+    return [hyps[:1] for hyps in finished_hypotheses(out["pool_scores"], out["pool_tokens"][:, :, :int(out["t"])],
+                                                     (EOS_ID, PAD_ID))]
 
 
 def agreement(mine: list, theirs: list) -> tuple[int, float]:
