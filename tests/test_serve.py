@@ -402,6 +402,34 @@ def sentences(taken) -> list[str]:
     return [job.sentences[i] for job, i in taken]
 
 
+def test_a_lone_sentence_is_decoded_in_one_call_where_the_engine_runs_a_whole_search_so():
+    """An engine that runs a sentence's whole search in one compiled call (GraphModel.loop_rows, engine=aoti's
+    loop.pt2; issue 76 §1): with nothing running and nothing else queued, a request of one sentence is decoded as a
+    batch of its own (one call, not a step per token); two requests, or one of two sentences, or beam 1 (greedy),
+    or an engine without the loop, join the running search as before."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from relmt.serve.batcher import Job
+
+    b = scheduler(max_batch_tokens=100, queue_size=16)
+    idle = FakeSearch(())
+    idle.idle = True
+    for loop_rows, text, beam, alone in ((4, ["a"], 4, True), (0, ["a"], 4, False), (4, ["a", "b"], 4, False),
+                                         (4, ["a"], 1, False), (4, ["a"], 8, False)):
+        b.translator.model = SimpleNamespace(loop_rows=loop_rows)
+        job = b.submit(text, replace(b.default_decode, beam=beam))
+        taken = b.admissions(idle)
+        assert (taken == [job]) is alone and all(isinstance(t, Job) for t in taken) is alone, (loop_rows, text, beam)
+        if not alone:
+            assert taken == [(job, i) for i in range(len(text))][:len(taken)] and taken
+            b.queue.clear()
+            b.pending = 0
+    b.translator.model = SimpleNamespace(loop_rows=4)
+    first, second = b.submit(["a"], b.default_decode), b.submit(["b"], b.default_decode)
+    assert b.admissions(idle) == [(first, 0), (second, 0)]  # two requests: the running search, in turn
+
+
 def test_the_running_search_admits_a_quarter_of_its_size_or_the_job_that_waited_max_wait():
     """Continuous batching: joining costs an encoder pass and a copy of the caches, so queued jobs join a search
     of 8 sentences once 2 are waiting, or once the oldest has waited max_wait; a job with other settings at the

@@ -293,7 +293,7 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
     prefixes[i]: the ids row i's output begins with; constraints[i]: id sequences its output must contain, in
     that order if `ordered` (relmt/decode/constraints.py). Without either the search is the plain one. `stop`, asked
     before each step: True ends the search there, the unfinished sentences without hypotheses (relmt-serve: every
-    client of the batch left)."""
+    client of the batch left; asked once where the search is one call)."""
     k, pad_id = beam, model.pad_id
     rules = Rules(eos_id, torch.tensor([pad_id, bos_id], device=src.device), min_len, lenpen, length_norm,
                   EosCandidates(eos_candidates) == EosCandidates.t2t, early_stop)
@@ -309,8 +309,10 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
                   src.new_empty((n, k, 0)), limit, forced)
     fused = use_cache and out_weight is None and getattr(model, "searches", None) is not None and \
         forced is None and model.searches(rules)
-    if fused and stop is None and n * k <= getattr(model, "loop_rows", 0):  # the whole search in one compiled call
-        pool_scores, pool_tokens = model.whole_search(memory, src_mask, k, limit, rules)  # (issue 76 §1)
+    if fused and n * k <= getattr(model, "loop_rows", 0):  # the whole search in one compiled call (issue 76 §1),
+        if stop is not None and stop():  # `stop` asked once, before it
+            return [[] for _ in range(n)]
+        pool_scores, pool_tokens = model.whole_search(memory, src_mask, k, limit, rules)
         return [hyps[:nbest] for hyps in finished_hypotheses(pool_scores, pool_tokens, (eos_id, pad_id))]
     sentence = torch.arange(n, device=src.device)  # original index of each remaining sentence
     results: list[list[Hypothesis]] = [[] for _ in range(n)]

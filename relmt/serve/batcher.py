@@ -16,6 +16,9 @@ A job with other settings waits for the search to end. A job whose client leaves
 the running search before the next step (`on_cancelled`), and its queued ones dropped. A job the running search
 cannot take (sampling, or a target prefix or constraints, which change the search's steps; issue 60) is decoded
 batch by batch, with the jobs queued with its settings, while no search runs, and counted by `on_apart(reason)`.
+A lone request of one sentence, with nothing running and nothing else queued, is decoded as a batch too where the
+engine runs a sentence's whole search in one compiled call (engine=aoti's loop.pt2, issue 76 §1: `alone`): one call
+instead of a step per token; a request that comes meanwhile waits for that sentence's search, not for a step.
 Otherwise it decodes batch after batch, as follows.
 
 A request's sentences enter a bounded queue as one Job (all of them or none: a request that does
@@ -223,9 +226,10 @@ class Batcher:
         those the search cannot take (Job.apart: sampling, a prefix, constraints) are decoded as a batch of their
         own while nothing runs."""
         while (taken := self.admissions(stream)) is not None:
-            if taken and isinstance(taken[0], Job):  # jobs the search cannot take (Job.apart), sharing its reason
+            if taken and isinstance(taken[0], Job):  # jobs the search cannot take (Job.apart), or a lone sentence
                 for job in taken:
-                    self.on_apart(job.apart)
+                    if job.apart:
+                        self.on_apart(job.apart)
                 self.decode(taken)
                 continue
             if taken:
@@ -272,6 +276,8 @@ class Batcher:
                         return None
                     continue
                 first = self.queue[0]
+                if stream.idle and self.alone(first):
+                    return self.take(first, budget=0)
                 if first.apart:
                     if not stream.idle:
                         return []
@@ -290,6 +296,12 @@ class Batcher:
                 taken = self.in_turn([j for j in self.queue if j.key == first.key], stream)
                 if taken or not stream.idle:
                     return taken
+
+    def alone(self, job: Job) -> bool:
+        """Whether `job` is a lone sentence (the queue's only job, of one sentence) whose whole beam search the engine
+        runs in one compiled call (GraphModel.loop_rows: engine=aoti's loop.pt2, at most 4 hypotheses)."""
+        return len(self.queue) == 1 and len(job.sentences) == 1 and not job.apart and \
+            1 < job.decode.beam <= getattr(getattr(self.translator, "model", None), "loop_rows", 0)
 
     def in_turn(self, jobs: list[Job], stream: Stream) -> list[tuple[Job, int]]:
         """Sentences of `jobs` (oldest first) to join the search: one of each job per turn while it is under its
