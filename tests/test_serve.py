@@ -403,30 +403,39 @@ def sentences(taken) -> list[str]:
 
 
 def test_a_lone_sentence_is_decoded_in_one_call_where_the_engine_runs_a_whole_search_so():
-    """An engine that runs a sentence's whole search in one compiled call (GraphModel.loop_rows, engine=aoti's
-    loop.pt2; issue 76 §1): with nothing running and nothing else queued, a request of one sentence is decoded as a
-    batch of its own (one call, not a step per token); two requests, or one of two sentences, or beam 1 (greedy),
-    or an engine without the loop, join the running search as before."""
+    """An engine that runs a sentence's whole search in one compiled call (GraphModel.loops, engine=aoti's loop.pt2
+    on one thread; issue 76 §1): with nothing running and nothing else queued, a request of one sentence whose step
+    limit fits the loop is decoded as a batch of its own (one call, not a step per token); two requests, or one of
+    two sentences, or beam 1 (greedy), or a longer limit, or an engine without the loop, join the running search."""
     from dataclasses import replace
-    from types import SimpleNamespace
 
+    from relmt.export.graphs import LOOP_SLOTS, GraphModel
     from relmt.serve.batcher import Job
+
+    class Engine:
+        loops = GraphModel.loops
+
+        def __init__(self, loop_rows: int) -> None:
+            self.loop_rows = loop_rows
 
     b = scheduler(max_batch_tokens=100, queue_size=16)
     idle = FakeSearch(())
     idle.idle = True
-    for loop_rows, text, beam, alone in ((4, ["a"], 4, True), (0, ["a"], 4, False), (4, ["a", "b"], 4, False),
-                                         (4, ["a"], 1, False), (4, ["a"], 8, False)):
-        b.translator.model = SimpleNamespace(loop_rows=loop_rows)
-        job = b.submit(text, replace(b.default_decode, beam=beam))
+    short = replace(b.default_decode, max_len_a=0.0, max_len_b=LOOP_SLOTS)
+    for loop_rows, text, decode, alone in ((4, ["a"], short, True), (0, ["a"], short, False),
+                                           (4, ["a", "b"], short, False), (4, ["a"], replace(short, beam=1), False),
+                                           (4, ["a"], replace(short, beam=8), False),
+                                           (4, ["a"], replace(short, max_len_b=LOOP_SLOTS + 1), False)):
+        b.translator.model = Engine(loop_rows)
+        job = b.submit(text, decode)
         taken = b.admissions(idle)
-        assert (taken == [job]) is alone and all(isinstance(t, Job) for t in taken) is alone, (loop_rows, text, beam)
+        assert (taken == [job]) is alone and all(isinstance(t, Job) for t in taken) is alone, (loop_rows, text, decode)
         if not alone:
             assert taken == [(job, i) for i in range(len(text))][:len(taken)] and taken
             b.queue.clear()
             b.pending = 0
-    b.translator.model = SimpleNamespace(loop_rows=4)
-    first, second = b.submit(["a"], b.default_decode), b.submit(["b"], b.default_decode)
+    b.translator.model = Engine(4)
+    first, second = b.submit(["a"], short), b.submit(["b"], short)
     assert b.admissions(idle) == [(first, 0), (second, 0)]  # two requests: the running search, in turn
 
 

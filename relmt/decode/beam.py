@@ -287,8 +287,8 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
     handed to every cached step; None: the tied embedding itself. An `Ensemble` decodes through the
     same code: its memory, cache and output weights hold one entry per model. A model that `searches`
     with these rules (an engine whose compiled step includes `beam_step`, relmt/export/graphs.py) runs the
-    step and beam_step in one call of its `search_step`, and one with a compiled loop of those steps runs a search of
-    at most its `loop_rows` hypotheses in one call of its `whole_search` (relmt/export/aoti_loop.py).
+    step and beam_step in one call of its `search_step`, and one with a compiled loop of those steps runs a search
+    that it `loops` (a sentence, a short step limit) in one call of its `whole_search` (relmt/export/aoti_loop.py).
 
     prefixes[i]: the ids row i's output begins with; constraints[i]: id sequences its output must contain, in
     that order if `ordered` (relmt/decode/constraints.py). Without either the search is the plain one. `stop`, asked
@@ -309,7 +309,7 @@ def beam_search(model: Transformer | Ensemble, src: Tensor, beam: int, bos_id: i
                   src.new_empty((n, k, 0)), limit, forced)
     fused = use_cache and out_weight is None and getattr(model, "searches", None) is not None and \
         forced is None and model.searches(rules)
-    if fused and n * k <= getattr(model, "loop_rows", 0):  # the whole search in one compiled call (issue 76 §1),
+    if fused and model.loops(n * k, int(limit.max())):  # the whole search in one compiled call (issue 76 §1),
         if stop is not None and stop():  # `stop` asked once, before it
             return [[] for _ in range(n)]
         pool_scores, pool_tokens = model.whole_search(memory, src_mask, k, limit, rules)

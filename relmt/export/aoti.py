@@ -217,8 +217,17 @@ class AotiModel(GraphModel):
         if "search" in calls:
             self.run_search = calls["search"] if "search_small" not in calls else \
                 by_rows(calls["search_small"], calls["search"])
-        if "loop" in calls:  # one sentence's whole search in one call; more rows step by step (their done leave)
-            self.run_loop, self.loop_rows = calls["loop"], SMALL_ROWS
+        if "loop" in calls:  # one sentence's whole search in one call (`loop_rows`)
+            self.run_loop = calls["loop"]
+
+    @property
+    def loop_rows(self) -> int:
+        """The most hypotheses whose whole search runs in one call of loop.pt2 (beam_search: `whole_search`): one
+        sentence (SMALL_ROWS) on one thread; none on more, or without loop.pt2. More rows run step by step (their
+        done sentences leave the batch). On one thread the loop decoded one sentence at a time at 1.1-1.2x a call
+        per step; on two at 0.74-0.92x (docs/results/engines/search_loop_rel*.md): so a process on one thread (a
+        worker among several, a busy machine) gets it, and one on more keeps a call per step."""
+        return SMALL_ROWS if self.run_loop is not None and torch.get_num_threads() == 1 else 0
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.encoder(src)

@@ -2,11 +2,10 @@
 AOTInductor with the loop body's weights as constants.
 
 torch.export passes the weights a while_loop's body multiplies by into the body as operands, and inductor lowers the
-body as a graph of its own whose inputs they are. A GEMM by an input is ATen's `addmm`: the unpacked library call,
-which on an AMD host runs MKL's generic path at a few rows (1.8-2.6x slower than oneDNN's prepacked product in
-scripts/bench/search_loop.py's GEMM table), and inductor's own GEMM template, which search_small.pt2 runs, takes only
-a constant weight (torch/_inductor/utils.py: use_cpp_gemm_template). So the loop was 0.70-0.77x as fast as a call
-per step (docs/results/engines/search_loop.md).
+body as a graph of its own whose inputs they are. A GEMM by an input is ATen's `addmm` on the plain weight, where a
+graph's constant weights get oneDNN's prepacked products and, at a few rows, inductor's own GEMM template (which
+search_small.pt2 runs, and which takes only a constant weight: torch/_inductor/utils.py, use_cpp_gemm_template).
+Compiled so, the loop ran at 0.64-0.77x a call per step (docs/results/engines/search_loop.md).
 
 `body_constants()`, around the compile, lowers each body input that the parent graph passes from one of its frozen
 constants as that constant itself, and lets the body's graph register constants in the parent's table (the C++
@@ -19,12 +18,8 @@ inductor lacks what it changes, the compile goes on without it: the loop is then
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import torch
-
-from relmt.export.graphs import LoopGraph, loop_examples
-from relmt.model.transformer import Transformer
 
 SHARED = ("constants", "allocated_constant_name", "constant_reprs", "named_buffers", "named_parameters")
 
@@ -68,13 +63,3 @@ def body_constants():
         yield
     finally:
         SubgraphLowering.__init__, SubgraphLowering.placeholder = init, placeholder
-
-
-def compile_loop(model: Transformer, path: str | Path, configs: dict | None = None) -> float:
-    """LoopGraph of `model` exported and compiled into the package `path` as engine=aoti compiles its graphs, with
-    the body's weights as constants (`body_constants`) and `configs` besides; the seconds it took."""
-    from relmt.export.aoti import compile_graph
-
-    example, dims = loop_examples(model)
-    with body_constants():
-        return compile_graph(LoopGraph(model).eval(), example, dims, path, configs)

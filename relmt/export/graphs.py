@@ -487,6 +487,13 @@ class GraphModel:
         return (Beams(history.view(b * k, -1), alive, pool_scores, pool_tokens, beams.limit), done,
                 GraphCache(tuple(kv[: self.layers]), tuple(kv[self.layers:]), rows, free_cuts=True))
 
+    def loops(self, rows: int, steps: int) -> bool:
+        """Whether beam_search runs a search of `rows` hypotheses (sentences x beams) and at most `steps` steps in one
+        call of `whole_search`: at most `loop_rows` rows, and steps that fit the loop's first buffers (LOOP_SLOTS).
+        Each step of the loop copies its buffers whole (LoopGraph), so a longer search ran slower than a call per
+        step (0.66-0.69x at 70 steps on docs/results/engines/search_loop_rel_1t.md), a shorter one as fast or faster."""
+        return 0 < rows <= self.loop_rows and steps <= LOOP_SLOTS
+
     def whole_search(self, memory: GraphMemory, src_mask: Tensor, beam: int, limit: Tensor, rules: Rules
                      ) -> tuple[Tensor, Tensor]:
         """A whole beam search in calls of the engine's LoopGraph (issue 76 §1): each sentence's pool of finished

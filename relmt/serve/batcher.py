@@ -299,9 +299,10 @@ class Batcher:
 
     def alone(self, job: Job) -> bool:
         """Whether `job` is a lone sentence (the queue's only job, of one sentence) whose whole beam search the engine
-        runs in one compiled call (GraphModel.loop_rows: engine=aoti's loop.pt2, at most 4 hypotheses)."""
-        return len(self.queue) == 1 and len(job.sentences) == 1 and not job.apart and \
-            1 < job.decode.beam <= getattr(getattr(self.translator, "model", None), "loop_rows", 0)
+        runs in one compiled call (GraphModel.loops: engine=aoti's loop.pt2, one sentence, a short step limit)."""
+        loops = getattr(getattr(self.translator, "model", None), "loops", None)
+        return len(self.queue) == 1 and len(job.sentences) == 1 and not job.apart and job.decode.beam > 1 and \
+            loops is not None and loops(job.decode.beam, output_limit(job))
 
     def in_turn(self, jobs: list[Job], stream: Stream) -> list[tuple[Job, int]]:
         """Sentences of `jobs` (oldest first) to join the search: one of each job per turn while it is under its

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from relmt.data.toy import generate  # noqa: E402
-from relmt.decode.beam import beam_search, finished_hypotheses, max_lengths  # noqa: E402
+from relmt.decode.beam import Rules, beam_search, finished_hypotheses, max_lengths  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
 from relmt.export.aoti import SMALL_CONFIGS, SMALL_ROWS, compile_graph, flat_call  # noqa: E402
 from relmt.export.graphs import LOOP_STATE, LoopGraph, loop_examples, loop_start  # noqa: E402
@@ -60,13 +60,20 @@ def loop_search(aoti, run, src: torch.Tensor, slots: int) -> list:
 
 
 def step_search(aoti, src: torch.Tensor, slots: int, loop: bool = False) -> list:
-    """engine=aoti's beam search: a call per step, or with `loop` in its loop.pt2 (GraphModel.whole_search)."""
-    aoti.loop_rows = SMALL_ROWS if loop else 0
-    try:
-        return beam_search(aoti, src, BEAM, BOS_ID, EOS_ID, lenpen=LENPEN, max_len_a=0.0, max_len_b=slots,
-                           nbest=BEAM, min_len=1, length_norm="power")
-    finally:
-        aoti.loop_rows = 0
+    """engine=aoti's beam search with a call per step, or with `loop` its whole search in loop.pt2 as beam_search runs
+    it where the engine's loop_rows take it (GraphModel.whole_search: buffers of 32 slots, doubled), at any thread
+    count."""
+    if not loop:
+        run, aoti.run_loop = aoti.run_loop, None  # loop_rows 0: a call per step
+        try:
+            return beam_search(aoti, src, BEAM, BOS_ID, EOS_ID, lenpen=LENPEN, max_len_a=0.0, max_len_b=slots,
+                               nbest=BEAM, min_len=1, length_norm="power")
+        finally:
+            aoti.run_loop = run
+    memory, keep = aoti.encode(src)
+    rules = Rules(EOS_ID, torch.tensor([PAD_ID, BOS_ID]), 1, LENPEN, "power", True, False)
+    pool_scores, pool_tokens = aoti.whole_search(memory, keep, BEAM, max_lengths(keep, 0.0, slots), rules)
+    return finished_hypotheses(pool_scores, pool_tokens, (EOS_ID, PAD_ID))
 
 
 def host_cost(aoti, sources: list, slots: int) -> dict:
@@ -189,7 +196,7 @@ def main() -> None:
     aoti, tok = translator.model, translator.tokenizer
     if aoti.run_loop is None:
         raise SystemExit(f"{args.checkpoint}: its engine=aoti export has no loop.pt2 (made before it): remove it")
-    engine_loop, aoti.loop_rows = aoti.run_loop, 0
+    engine_loop = aoti.run_loop
     if args.src:
         test = args.src.read_text(encoding="utf-8").splitlines()[: args.sentences]
     else:
