@@ -373,7 +373,7 @@ def test_aoti_compiles_for_the_cores_whatever_the_compiling_process_s_threads(tm
     finally:
         torch.set_num_threads(threads)
     cores = len(os.sched_getaffinity(0))
-    assert aoti.compile_threads() == cores and len(seen) == 4
+    assert aoti.compile_threads() == cores and len(seen) == 5  # encoder, step, search, search_small, loop
     assert all(c["cpp.threads"] == cores and c["cpp.min_chunk_size"] == aoti.MIN_CHUNK for c in seen)
     meta = json.loads((tmp_path / "aoti.json").read_text())
     assert meta["threads"] == cores and meta["graphs"] == aoti.graphs.GRAPHS_VERSION  # which AotiModel checks
@@ -412,12 +412,12 @@ def test_the_aoti_compile_says_what_it_does_and_silences_inductors_autotune_repo
     aoti.export_aoti(random_model(model_config(), 40, seed=0), tmp_path / "build", kept_in=kept)
     assert "Autotune Choices Stats" not in capsys.readouterr().err
     lines = [r.getMessage() for r in caplog.records if r.name == aoti.__name__]
-    graphs = ("encoder", "step", "search", "search_small")
+    graphs = ("encoder", "step", "search", "search_small", "loop")
     for i, name in enumerate(graphs):
-        assert f"engine=aoti: compiling the {name} graph ({i + 1} of 4; a few minutes in all" in lines[2 * i]
+        assert f"engine=aoti: compiling the {name} graph ({i + 1} of 5; a few minutes in all" in lines[2 * i]
         assert str(kept) in lines[2 * i]
         assert re.fullmatch(rf"engine=aoti: compiled the {name} graph in \d+ s", lines[2 * i + 1])
-    assert re.fullmatch(r"engine=aoti: compiled 4 graphs in [\d.]+ minutes", lines[8])
+    assert re.fullmatch(r"engine=aoti: compiled 5 graphs in [\d.]+ minutes", lines[10])
 
 
 def test_an_engine_artefact_s_aoti_compile_names_the_artefact_not_its_build_folder(tmp_path, monkeypatch):
