@@ -118,9 +118,13 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
     if engine == "aoti":  # compiled in a one-thread worker, for the machine's cores all the same
         [folder] = (trained.parent / f"{trained.name}.engines").glob("aoti-*")
         assert json.loads((folder / "aoti.json").read_text())["threads"] == compile_threads()
-        # a sentence at a time on one thread (this worker's), with a step limit that fits the loop's first buffers, the
-        # whole search is one call of loop.pt2 (issue 76 §1), with the same hypotheses
-        assert torch.get_num_threads() == 1 and other.model.loop_rows == 4
+        # a sentence at a time on one thread, with a step limit of at most LOOP_SLOTS, the whole search is one call of
+        # loop.pt2 (issue 76 §1), with the same hypotheses; on two threads, none
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        assert other.model.loop_rows == 0
+        torch.set_num_threads(1)
+        assert other.model.loop_rows == 4
         whole, calls = other.model.whole_search, []
         other.model.whole_search = lambda *args: calls.append(args[2]) or whole(*args)
         short = {"max_len_a": 1.0, "max_len_b": 6}
@@ -133,6 +137,7 @@ def test_the_engine_decodes_a_trained_per_head_model_as_eager_relmt(engine, trai
                 assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
         assert calls == [4] * len(TOY) + [2] * len(TOY)
         del other.model.whole_search
+        torch.set_num_threads(threads)
     # continuous batching (relmt-serve's, issue 62 §3): sentences that join the engine's running search at steps
     # 0, 1 and 4 get what eager relmt gives each decoded alone
     cfg = replace(eager.decode, beam=4, nbest=4)

@@ -11,7 +11,6 @@ import torch
 from relmt.config import PosKind
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from relmt.decode.beam import Rules, beam_search, finished_hypotheses, max_lengths
-from relmt.export import graphs
 from relmt.export.graphs import LOOP_STATE, EncoderGraph, GraphMemory, GraphModel, LoopGraph, loop_start, shape_of
 from tests.tiny_checkpoints import model_config, random_model
 
@@ -86,12 +85,10 @@ class EagerLoop(GraphModel):
         self.run_loop = LoopGraph(model)
 
 
-@pytest.mark.parametrize("slots", [1, 2, 32])
-def test_a_search_that_outgrows_its_buffers_goes_on_in_longer_ones(monkeypatch, slots):
-    """whole_search starts with LOOP_SLOTS slots and doubles them while the search goes on (each call's copies of
-    the buffers cost their length): with 1 or 2 slots to start, every sentence's search runs through several calls
-    and gives beam_search's hypotheses and scores, as it does in one call."""
-    monkeypatch.setattr(graphs, "LOOP_SLOTS", slots)
+def test_whole_search_gives_beam_searchs_hypotheses_in_one_call():
+    """GraphModel.whole_search, what beam_search calls where an engine `loops`: one call of LoopGraph with buffers
+    as long as the longest step limit, and beam_search's hypotheses and scores for sentences that stop at different
+    steps."""
     model = random_model(model_config(positions=PosKind.rel, relative_share_heads=True), 20, seed=3).eval()
     width = max(map(len, SOURCES))
     src = torch.tensor([s + [PAD_ID] * (width - len(s)) for s in SOURCES])
@@ -106,14 +103,8 @@ def test_a_search_that_outgrows_its_buffers_goes_on_in_longer_ones(monkeypatch, 
         pool_scores, pool_tokens = engine.whole_search(GraphMemory(cross_k, cross_v), keep, 4, limit, rule)
         mine = finished_hypotheses(pool_scores, pool_tokens, (EOS_ID, PAD_ID))
         theirs = beam_search(model, src, 4, BOS_ID, EOS_ID, lenpen=0.6, max_len_a=A, max_len_b=B, nbest=4, min_len=1)
-    end = int(limit.max())
-    expected, size = [], min(slots, end)
-    while True:  # the buffers' slots at each call: doubled up to the longest step limit
-        expected.append(size)
-        if size == end:
-            break
-        size = min(2 * size, end)
-    assert calls == expected[:len(calls)] and len(calls) >= (2 if slots < end else 1)
+    assert calls == [int(limit.max())]  # one call, its buffers the longest step limit's slots
+    assert len(mine) == len(theirs) == len(SOURCES)
     for ours, reference in zip(mine, theirs):
         assert [h.tokens for h in ours] == [h.tokens for h in reference]
         assert [h.score for h in ours] == pytest.approx([h.score for h in reference], abs=1e-5)

@@ -224,9 +224,9 @@ class AotiModel(GraphModel):
     def loop_rows(self) -> int:
         """The most hypotheses whose whole search runs in one call of loop.pt2 (beam_search: `whole_search`): one
         sentence (SMALL_ROWS) on one thread; none on more, or without loop.pt2. More rows run step by step (their
-        done sentences leave the batch). On one thread the loop decoded one sentence at a time at 1.1-1.2x a call
-        per step; on two at 0.74-0.92x (docs/results/engines/search_loop_rel*.md): so a process on one thread (a
-        worker among several, a busy machine) gets it, and one on more keeps a call per step."""
+        done sentences leave the batch). On one thread the loop decoded one sentence of 20 steps at 1.02x a call per
+        step (docs/results/engines/search_loop_rel_1t.md), on two at 0.92x (search_loop_rel.md): so a process on one
+        thread (a worker among several, a busy machine) gets it, and one on more keeps a call per step."""
         return SMALL_ROWS if self.run_loop is not None and torch.get_num_threads() == 1 else 0
 
     def run_encoder(self, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -56,7 +56,7 @@ GRAPHS_VERSION = 7  # 2: the search step (SearchGraph); 3: the step's starts (co
 # keys and values one tensor per layer, and examples of batch size to trace with (issue 76 §2); 7: the search step
 # takes a cache longer than its history and leaves out the front slots (continuous batching's cut, issue 76 §2)
 CACHE = ("self_k", "self_v")  # the inputs (and outputs) that are one tensor per decoder layer
-LOOP_SLOTS = 32  # the slots a search in LoopGraph starts with (GraphModel.whole_search), doubled as it goes on
+LOOP_SLOTS = 32  # the longest step limit of a search that beam_search runs in LoopGraph (GraphModel.loops)
 
 
 def flat_names(names: tuple[str, ...], layers: int) -> list[str]:
@@ -168,12 +168,10 @@ class LoopGraph(nn.Module):
     step gives; a sentence done stays in the batch, its pool frozen (beam_search takes done sentences out instead:
     the same pools). Offline searches only (starts 0).
 
-    It runs from step t (an input, with the row each beam continues, `order`, and which sentences are `done`) until
-    every sentence is done, the longest step limit, or the buffers are full, and returns the state (LOOP_STATE):
-    the pools (pool_tokens: the first t slots hold the tokens), and what a call with longer buffers goes on from
-    (`loop_grown`): a step's copies of the buffers cost their length T, so a search starts with short ones and
-    grows them (GraphModel.whole_search), where one call with buffers of the step limit (the source's length + 50
-    by default) cost what a step of that many slots costs at every step (docs/results/engines/search_loop.md).
+    It runs from step t (an input, with the row each beam continues, `order`, and which sentences are `done`: the
+    search's state, in and out) until every sentence is done, the longest step limit, or the buffers are full, and
+    returns the state (LOOP_STATE): the pools (pool_tokens: the first t slots hold the tokens). A step copies the
+    carried buffers whole, so it costs their length T, not the slots so far (docs/results/engines/search_loop*.md).
 
     It steps a copy of `model` with its computed weights made once (Transformer.freeze_projections: the scaled W^Q,
     W^Q|W^K|W^V, the output layer): a while_loop's body gets the weights as operands, where freezing does not fold
@@ -301,15 +299,6 @@ def loop_state(keep: Tensor, cross_k: Tensor, cross_v: Tensor, beam: int, slots:
             "pool_tokens": torch.full((b, beam, slots), pad_id, device=device),
             "done": torch.zeros(b, dtype=torch.bool, device=device), "t": torch.zeros((), dtype=torch.long,
                                                                                       device=device)}
-
-
-def loop_grown(state: dict, slots: int, pad_id: int) -> dict:
-    """LoopGraph's state (by name) with buffers of `slots` slots, the slots so far kept in front."""
-    more = slots - state["pool_tokens"].shape[2]
-    pad = torch.nn.functional.pad
-    return state | {"history": pad(state["history"], (0, more), value=pad_id),
-                    "pool_tokens": pad(state["pool_tokens"], (0, more), value=pad_id),
-                    **{name: pad(state[name], (0, 0, 0, more)) for name in CACHE}}
 
 
 def loop_inputs(state: dict, keep: Tensor, cross_k: Tensor, cross_v: Tensor, limit: Tensor,
@@ -489,28 +478,20 @@ class GraphModel:
 
     def loops(self, rows: int, steps: int) -> bool:
         """Whether beam_search runs a search of `rows` hypotheses (sentences x beams) and at most `steps` steps in one
-        call of `whole_search`: at most `loop_rows` rows, and steps that fit the loop's first buffers (LOOP_SLOTS).
-        Each step of the loop copies its buffers whole (LoopGraph), so a longer search ran slower than a call per
-        step (0.66-0.69x at 70 steps on docs/results/engines/search_loop_rel_1t.md), a shorter one as fast or faster."""
+        call of `whole_search`: at most `loop_rows` rows, and at most LOOP_SLOTS steps. Each step of the loop copies
+        its buffers whole (LoopGraph), so a longer search ran slower than a call per step (0.66-0.69x at 70 steps on
+        docs/results/engines/search_loop_rel_1t.md), a shorter one as fast (1.02-1.05x at 20)."""
         return 0 < rows <= self.loop_rows and steps <= LOOP_SLOTS
 
     def whole_search(self, memory: GraphMemory, src_mask: Tensor, beam: int, limit: Tensor, rules: Rules
                      ) -> tuple[Tensor, Tensor]:
-        """A whole beam search in calls of the engine's LoopGraph (issue 76 §1): each sentence's pool of finished
-        hypotheses, scores (B, beam) and tokens (B, beam, t), as beam_search's steps leave it. The buffers start at
-        LOOP_SLOTS slots (or the step limit) and double while a search goes on past them (LoopGraph)."""
-        end = int(limit.max())
-        slots = min(end, LOOP_SLOTS)
-        state = loop_state(src_mask, memory.cross_k, memory.cross_v, beam, slots, self.pad_id)
-        settings = self.for_rules(rules)[1]
-        while True:
-            state = dict(zip(LOOP_STATE, self.run_loop(*loop_inputs(state, src_mask, memory.cross_k, memory.cross_v,
-                                                                        limit, settings))))
-            t = int(state["t"])
-            if t >= end or bool(state["done"].all()):
-                return state["pool_scores"], state["pool_tokens"][:, :, :t]
-            slots = min(2 * slots, end)
-            state = loop_grown(state, slots, self.pad_id)
+        """A whole beam search in one call of the engine's LoopGraph (issue 76 §1), its buffers as long as the longest
+        step limit: each sentence's pool of finished hypotheses, scores (B, beam) and tokens (B, beam, t), as
+        beam_search's steps leave it."""
+        state = loop_state(src_mask, memory.cross_k, memory.cross_v, beam, int(limit.max()), self.pad_id)
+        out = dict(zip(LOOP_STATE, self.run_loop(*loop_inputs(state, src_mask, memory.cross_k, memory.cross_v, limit,
+                                                                 self.for_rules(rules)[1]))))
+        return out["pool_scores"], out["pool_tokens"][:, :, :int(out["t"])]
 
     def eval(self) -> GraphModel:
         return self

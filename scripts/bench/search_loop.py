@@ -7,11 +7,11 @@ constants), against engine=aoti's search of one call per step. Run it alone on t
         --out docs/results/engines/search_loop.json --md docs/results/engines/search_loop.md
 
 One sentence at a time (the toy test set, or --src), beam 4, length penalty 0.2 (power), 1 to T tokens, on --threads:
-1. sentences/s of engine=aoti's search of one call per step (its loop turned off) and of engine=aoti's search as it
-   runs now, in loop.pt2 (GraphModel.whole_search: buffers of 32 slots, doubled while the search goes on), both
-   after engine=aoti's encoder, at each step limit T; and of loop.pt2 called once with buffers of T slots, and of
-   the loop compiled as before relmt/export/aoti_loop.py (the body's weights its operands, multiplied by ATen's
-   addmm), called once: every search's hypotheses and scores (to 1e-5) against the per-step search's;
+1. sentences/s of engine=aoti's search of one call per step (its loop turned off), of its loop.pt2 called once
+   with buffers of T slots (GraphModel.whole_search, what beam_search runs where the engine `loops`), and of the
+   loop compiled as before relmt/export/aoti_loop.py (the body's weights its operands, multiplied by ATen's addmm),
+   called once, all after engine=aoti's encoder, at each step limit T: every search's hypotheses and scores (to
+   1e-5) against the per-step search's;
 2. what a carried buffer costs: a while_loop that writes one slot of a (3, 4, T, 32) buffer per iteration, compiled
    the same way, timed at several T (AOTInductor copies the carried tensors at every iteration);
 3. the per-step path's host cost: its time outside the compiled calls, per search-graph call;
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from relmt.bench import command_line, hardware, markdown_table, page_head, write_json  # noqa: E402
 from relmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from relmt.data.toy import generate  # noqa: E402
-from relmt.decode.beam import Rules, beam_search, finished_hypotheses, max_lengths  # noqa: E402
+from relmt.decode.beam import beam_search, finished_hypotheses, max_lengths  # noqa: E402
 from relmt.decode.translator import Translator  # noqa: E402
 from relmt.export.aoti import SMALL_CONFIGS, SMALL_ROWS, compile_graph, flat_call  # noqa: E402
 from relmt.export.graphs import LOOP_STATE, LoopGraph, loop_examples, loop_start  # noqa: E402
@@ -59,21 +59,14 @@ def loop_search(aoti, run, src: torch.Tensor, slots: int) -> list:
     return finished_hypotheses(out["pool_scores"], out["pool_tokens"][:, :, :int(out["t"])], (EOS_ID, PAD_ID))
 
 
-def step_search(aoti, src: torch.Tensor, slots: int, loop: bool = False) -> list:
-    """engine=aoti's beam search with a call per step, or with `loop` its whole search in loop.pt2 as beam_search runs
-    it where the engine's loop_rows take it (GraphModel.whole_search: buffers of 32 slots, doubled), at any thread
-    count."""
-    if not loop:
-        run, aoti.run_loop = aoti.run_loop, None  # loop_rows 0: a call per step
-        try:
-            return beam_search(aoti, src, BEAM, BOS_ID, EOS_ID, lenpen=LENPEN, max_len_a=0.0, max_len_b=slots,
-                               nbest=BEAM, min_len=1, length_norm="power")
-        finally:
-            aoti.run_loop = run
-    memory, keep = aoti.encode(src)
-    rules = Rules(EOS_ID, torch.tensor([PAD_ID, BOS_ID]), 1, LENPEN, "power", True, False)
-    pool_scores, pool_tokens = aoti.whole_search(memory, keep, BEAM, max_lengths(keep, 0.0, slots), rules)
-    return finished_hypotheses(pool_scores, pool_tokens, (EOS_ID, PAD_ID))
+def step_search(aoti, src: torch.Tensor, slots: int) -> list:
+    """engine=aoti's beam search with a call per step (its loop turned off: loop_rows 0)."""
+    run, aoti.run_loop = aoti.run_loop, None
+    try:
+        return beam_search(aoti, src, BEAM, BOS_ID, EOS_ID, lenpen=LENPEN, max_len_a=0.0, max_len_b=slots,
+                           nbest=BEAM, min_len=1, length_norm="power")
+    finally:
+        aoti.run_loop = run
 
 
 def host_cost(aoti, sources: list, slots: int) -> dict:
@@ -208,7 +201,6 @@ def main() -> None:
         compile_seconds = compile_graph(LoopGraph(eager).eval(), example, dims, tmp / "operands.pt2", SMALL_CONFIGS)
         operands = flat_call(tmp / "operands.pt2")
         searches = {"per step": lambda s, n: step_search(aoti, s, n),
-                    "engine": lambda s, n: step_search(aoti, s, n, loop=True),
                     "one call": lambda s, n: loop_search(aoti, engine_loop, s, n),
                     "operands": lambda s, n: loop_search(aoti, operands, s, n)}
         rows = []
@@ -240,10 +232,8 @@ def main() -> None:
 
     hw = hardware()
     table = markdown_table(rows, [("slots", "step limit T"),
-                                  ("same", "same hypotheses and scores: engine / one call / operands"),
+                                  ("same", "same hypotheses and scores: one call / operands"),
                                   ("per_step_sent_s", "a call per step: sentences/s"),
-                                  ("engine_sent_s", "engine=aoti's loop (buffers grown): sentences/s"),
-                                  ("engine_over_per_step", "engine ÷ per step"),
                                   ("one_call_sent_s", "loop.pt2, one call of T slots: sentences/s"),
                                   ("one_call_over_per_step", "one call ÷ per step"),
                                   ("operands_sent_s", "the loop with operand weights, one call: sentences/s"),
@@ -267,12 +257,12 @@ def main() -> None:
             f"- model: {args.checkpoint}; {len(sources)} {which} "
             f"one at a time, beam {BEAM}, length penalty {LENPEN} (power), step limit T, {args.threads} "
             f"thread(s); best of {args.repeats} interleaved rounds\n\n"
-            "engine=aoti's search with a call per step (its loop turned off), and as it runs now: the whole search in "
-            "loop.pt2 (relmt.export.graphs.LoopGraph, SearchGraph's step inside torch's while_loop, compiled with the "
-            "loop body's weights as its constants: relmt/export/aoti_loop.py), its buffers 32 slots to start and "
-            "doubled while the search goes on (GraphModel.whole_search); loop.pt2 called once with buffers of T slots; "
-            "and the loop compiled as before aoti_loop.py, the body's weights its operands (ATen's addmm), called "
-            f"once. All after engine=aoti's encoder.\n\n{table}\n\nWhat the operand weights cost: the body's "
+            "engine=aoti's search with a call per step (its loop turned off); the whole search in one call of "
+            "loop.pt2 with buffers of T slots (relmt.export.graphs.LoopGraph, SearchGraph's step inside torch's "
+            "while_loop, compiled with the loop body's weights as its constants: relmt/export/aoti_loop.py; what "
+            "beam_search runs where the engine `loops`); and the loop compiled as before aoti_loop.py, the body's "
+            f"weights its operands (ATen's addmm), called once. All after engine=aoti's encoder.\n\n{table}\n\n"
+            f"What the operand weights cost: the body's "
             f"{gemms['products']} products at {SMALL_ROWS} rows take {gemms['addmm_us']:.0f} µs by ATen's addmm on "
             f"plain weights and {gemms['packed_us']:.0f} µs by oneDNN's prepacked product "
             f"({gemms['addmm_over_packed']:.2f}x).\n\nWhat a carried buffer costs: a compiled while_loop writing one "
