@@ -6,8 +6,8 @@ process on a Translator loaded as relmt-serve loads it, fed by --clients closed-
 one sentence, waits for its answer, and submits the next, as bench_serve.py's HTTP clients do). Every part of the
 decoding thread's work is timed by wrapping the function that does it:
 
-- graphs: the engine's compiled calls (search graph, step graph, encoder graph), or a torch model's encode and
-  decode_step;
+- encoder: the engine's encoder graph, or a torch model's encode (one call per admission);
+- graphs: the engine's other compiled calls (search graph, step graph), or a torch model's decode_step;
 - search Python: relmt.decode.continuous.advance less the graphs it calls (beam_step in Python where there is no
   search graph, the finished sentences' hypotheses, the cut of front slots);
 - join: Stream.admit less its encoder call (the new sentences' ids, continuous.start and join);
@@ -38,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("graphs", "search Python", "join", "answer", "admission", "metrics", "idle", "other")
+PARTS = ("encoder", "graphs", "search Python", "join", "answer", "admission", "metrics", "idle", "other")
 
 
 class Clock:
@@ -138,7 +138,7 @@ def level(opts: argparse.Namespace, sentences: list[str], clients: int, requests
         fn = getattr(model, name, None)
         if callable(fn) and (name.startswith("run_") or not hasattr(model, "run_step")):
             saved[name] = fn
-            setattr(model, name, clock.wrap("graphs", fn))
+            setattr(model, name, clock.wrap("encoder" if name in ("run_encoder", "encode") else "graphs", fn))
     patches = [(continuous, "advance", "search Python"), (streaming.Stream, "admit", "join"),
                (streaming, "annotate", "answer"), (batching.Batcher, "admissions", "admission")]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
