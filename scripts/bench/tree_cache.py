@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 76 §2's question, asked of one decoder layer's self-attention before it is built: does a preallocated cache
+"""Issue 76 §2's question, asked of a decoder step's self-attention before it is built: does a preallocated cache
 written in place, the beams' reordering kept as an ancestor table, cost less per step than the copy a search step
 makes today? Run it alone on the machine.
 
@@ -13,8 +13,9 @@ cache_copies.md). The alternative: each (row, slot) is written once, in place, i
 and an ancestor table A (N, t + 1) says which row holds hypothesis n's slot s (A = A[order] with the new slot
 appended: integers only); attention then reads K[A[n, s], :, s] where it reads K[n, :, s] today.
 
-Each variant is one layer's step of single-query self-attention (softmax(q k^T / sqrt(d)) v over the span),
-compiled by inductor (torch.compile, the code generator behind AOTInductor), at N rows (sentences x beam 4), H heads
+Each variant is a step of --layers decoder layers' single-query self-attention (softmax(q k^T / sqrt(d)) v over
+the span), each layer with a cache of its own, the new caches of a copy alive until the step ends, compiled by
+inductor (torch.compile, the code generator behind AOTInductor), at N rows (sentences x beam 4), H heads
 of D dimensions and --slots slots so far:
 - copy: K[order] and the new slot concatenated, then q k^T and p v as batched products;
 - copy, fused: the same copy, and the products written as sums (q * K).sum(-1) and (p * V).sum(-2), which inductor
@@ -85,31 +86,34 @@ def inplace_step(q, k_new, v_new, kbuf, vbuf, a, order, t: int, fused: bool):
     return attend(q, gathered(kbuf, a), gathered(vbuf, a), fused), a
 
 
-def case(rows: int, heads: int, dim: int, slots: int, repeats: int, calls: int) -> dict:
+def case(rows: int, heads: int, dim: int, slots: int, layers: int, repeats: int, calls: int) -> dict:
     g = torch.Generator().manual_seed(0)
     q, k_new, v_new = (torch.randn(rows, heads, 1, dim, generator=g) for _ in range(3))
     order = torch.randint(0, rows, (rows,), generator=g)
-    # the same history both ways: a random ancestry over `slots` slots, written into the buffers
+    # the same history both ways: a random ancestry over `slots` slots, written into each layer's buffers
     longest = slots + 8
-    kbuf, vbuf = (torch.randn(rows, heads, longest, dim, generator=g) for _ in range(2))
     a = torch.arange(rows)[:, None].repeat(1, slots)
     for s in range(1, slots):
         a[:, :s] = a[torch.randint(0, rows, (rows,), generator=g), :s]
-    keys, values = gathered(kbuf[:, :, :slots], a), gathered(vbuf[:, :, :slots], a)
+    kbuf, vbuf = ([torch.randn(rows, heads, longest, dim, generator=g) for _ in range(layers)] for _ in range(2))
+    keys = [gathered(b[:, :, :slots], a) for b in kbuf]
+    values = [gathered(b[:, :, :slots], a) for b in vbuf]
     torch._dynamo.reset()  # a case's compiles are its own (dynamo stops compiling past its cache_size_limit)
     copy = torch.compile(copy_step, dynamic=False)
     inplace = torch.compile(inplace_step, dynamic=False)
-    out, *_ = copy(q, k_new, v_new, keys, values, order)
-    result = {"rows": rows, "heads": heads, "dim": dim, "slots": slots}
-    fns = {"copy": lambda: copy(q, k_new, v_new, keys, values, order)}
-    got, *_ = copy(q, k_new, v_new, keys, values, order, True)
+    out, *_ = copy(q, k_new, v_new, keys[0], values[0], order)
+    result = {"rows": rows, "heads": heads, "dim": dim, "slots": slots, "layers": layers}
+    # a step runs every layer, and each layer's new cache (copy) lives until the step ends, as in a search graph
+    fns = {"copy": lambda: [copy(q, k_new, v_new, keys[i], values[i], order) for i in range(layers)]}
+    got, *_ = copy(q, k_new, v_new, keys[0], values[0], order, True)
     result["copy, fused: max difference"] = float((got - out).abs().max())
-    fns["copy, fused"] = lambda: copy(q, k_new, v_new, keys, values, order, True)
+    fns["copy, fused"] = lambda: [copy(q, k_new, v_new, keys[i], values[i], order, True) for i in range(layers)]
     for fused in (False, True):
         name = "in place, fused" if fused else "in place, gathered"
-        got, _ = inplace(q, k_new, v_new, kbuf, vbuf, a, order, slots, fused)
+        got, _ = inplace(q, k_new, v_new, kbuf[0], vbuf[0], a, order, slots, fused)
         result[f"{name}: max difference"] = float((got - out).abs().max())
-        fns[name] = (lambda fused=fused: inplace(q, k_new, v_new, kbuf, vbuf, a, order, slots, fused))
+        fns[name] = (lambda fused=fused: [inplace(q, k_new, v_new, kbuf[i], vbuf[i], a, order, slots, fused)
+                                          for i in range(layers)])
     seconds = best_per_call(fns, repeats=repeats, calls=calls, warmup=2)
     for name, s in seconds.items():
         result[f"{name}: us"] = s * 1e6
@@ -125,6 +129,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, nargs="+", default=[10, 20, 40])
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--out", type=Path)
@@ -134,19 +139,20 @@ def main() -> None:
     rows = []
     for n in opts.rows:
         for t in opts.slots:
-            rows.append(case(n, opts.heads, opts.dim, t, opts.repeats, opts.calls))
+            rows.append(case(n, opts.heads, opts.dim, t, opts.layers, opts.repeats, opts.calls))
             print(rows[-1], flush=True)
     hw = hardware()
     payload = {"hardware": hw, "threads": torch.get_num_threads(), "rows": rows}
     names = NAMES
     columns = [("rows", "rows (sentences x 4)"), ("slots", "slots so far")]
-    columns += [(f"{n}: us", f"{n}: µs per layer-step") for n in names]
+    columns += [(f"{n}: us", f"{n}: µs per step") for n in names]
     columns += [(f"{n} ÷ copy", f"{n} ÷ copy") for n in names[1:]]
     columns += [("in place ÷ today", "in place, fused ÷ copy, fused (today)")]
     columns += [(f"{n}: max difference", f"{n}: largest difference from copy") for n in names[1:]]
     md = (page_head("A search step's self-attention cache: copied each step, or written in place (issue 76 §2)", hw)
-          + f"- threads: {torch.get_num_threads()}; {opts.heads} heads of {opts.dim} (the bench_peers rel model's "
-          f"d_model 256); best of {opts.repeats} interleaved rounds of {opts.calls} calls\n\n"
+          + f"- threads: {torch.get_num_threads()}; {opts.layers} layers of {opts.heads} heads of {opts.dim} (the "
+          f"bench_peers rel model's 3 decoder layers, d_model 256); best of {opts.repeats} interleaved rounds of "
+          f"{opts.calls} calls\n\n"
           + "\n\n".join(__doc__.split("\n\n")[2:4]) + "\n\n" + markdown_table(rows, columns) + "\n")
     print(md)
     if opts.out:
