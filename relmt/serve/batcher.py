@@ -16,10 +16,9 @@ A job with other settings waits for the search to end. A job whose client leaves
 the running search before the next step (`on_cancelled`), and its queued ones dropped. A job the running search
 cannot take (sampling, or a target prefix or constraints, which change the search's steps; issue 60) is decoded
 batch by batch, with the jobs queued with its settings, while no search runs, and counted by `on_apart(reason)`.
-A lone request of one short sentence (a step limit of at most ALONE_STEPS), with nothing running and nothing else
-queued, is decoded as a batch too (`alone`): by beam_search, whose Python per step is lighter than the running
-search's, and on engine=aoti in one compiled call where loop.pt2 takes it (issue 76 §1); a request that comes
-meanwhile waits for that sentence's search (at most ALONE_STEPS steps), not for a step.
+A lone request of one sentence, with nothing running and nothing else queued, is decoded as a batch too where the
+engine runs a sentence's whole search in one compiled call (engine=aoti's loop.pt2, issue 76 §1: `alone`): one call
+instead of a step per token; a request that comes meanwhile waits for that sentence's search, not for a step.
 Otherwise it decodes batch after batch, as follows.
 
 A request's sentences enter a bounded queue as one Job (all of them or none: a request that does
@@ -74,12 +73,6 @@ from relmt.config import DecodeConfig
 from relmt.decode import continuous
 from relmt.serve.requests import ApiError, Asks
 from relmt.serve.stream import Stream, annotate
-
-# A lone sentence whose search has at most this many steps is decoded as a batch of its own, while a request that
-# comes meanwhile waits for it: engine=aoti runs it in one call where loop.pt2 takes it (GraphModel.loops, whose
-# buffers hold as many slots), and any engine with the lighter Python of beam_search instead of the running
-# search's (issue 76: relmt-serve's one-client latency against offline decoding, docs/results/performance/).
-ALONE_STEPS = 32
 
 log = logging.getLogger(__name__)
 HOOKS_ENV = "RELMT_SERVE_TEST_HOOKS"
@@ -305,10 +298,11 @@ class Batcher:
                     return taken
 
     def alone(self, job: Job) -> bool:
-        """Whether `job` is a lone sentence (the queue's only job, of one sentence, nothing running) of a short search
-        (at most ALONE_STEPS steps), decoded as a batch of its own (the module's docstring)."""
-        return len(self.queue) == 1 and len(job.sentences) == 1 and not job.apart and \
-            output_limit(job) <= ALONE_STEPS
+        """Whether `job` is a lone sentence (the queue's only job, of one sentence) whose whole beam search the engine
+        runs in one compiled call (GraphModel.loops: engine=aoti's loop.pt2, one sentence, a short step limit)."""
+        loops = getattr(getattr(self.translator, "model", None), "loops", None)
+        return len(self.queue) == 1 and len(job.sentences) == 1 and not job.apart and job.decode.beam > 1 and \
+            loops is not None and loops(job.decode.beam, output_limit(job))
 
     def in_turn(self, jobs: list[Job], stream: Stream) -> list[tuple[Job, int]]:
         """Sentences of `jobs` (oldest first) to join the search: one of each job per turn while it is under its
