@@ -6,8 +6,8 @@ int8, beside what the machine's memory and arithmetic allow (issue 76 §1 and §
         --md docs/results/engines/small_rows_kernels.md
 
 The linear maps of one decoder step of the bench_peers rel model (3 layers, d_model 256, FFN 1024, a 3,855-piece
-vocabulary; the self-attention's W^Q, W^K and W^V as one map, W^Q of cross-attention, both output maps, the FFN, the tied
-output layer), each timed alone at 4 rows and summed over a step, per way of computing them:
+vocabulary; the self-attention's W^Q, W^K and W^V as one map, W^Q of cross-attention, both output maps, the FFN,
+the tied output layer), each timed alone at 4 rows and summed over a step, per way of computing them:
 - float32, oneDNN prepacked: `mkldnn._linear_pointwise` on a weight reordered once, what engine=aoti's graphs call;
 - float32, MKL packed: `mkl._mkl_linear` on a weight packed once (inductor's other prepacked float32 product);
 - int8 u8s8, as compiled: `_int_mm` of the activations shifted to uint8 and the weight's transpose as a view,
