@@ -4,6 +4,8 @@ one; the cache and evaluation never sample, and a resume refuses a change of the
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -106,11 +108,27 @@ def resumed_in_a_new_process(tmp_path, monkeypatch, common: tuple[str, ...]) -> 
 
 
 def test_a_resumed_run_with_sampled_pieces_equals_an_uninterrupted_one(tmp_path, monkeypatch):
-    """12 training pairs: several epochs in 8 updates, each with its own sampled pieces."""
+    """12 training pairs: several epochs in 8 updates, each with its own sampled pieces. The first part's next
+    epoch is encoded slowly in the background, as on a busy machine: the run stores it before it returns
+    (Resampler.settle), so that the resume reads it (before settle, this test failed now and then under load)."""
     common = ("data.toy.n_train=12", "data.spm_alpha=0.2", "data.spm_model_type=bpe", "data.vocab_size=300",
               "train.save_every=4", "train.eval_every=4", "train.valid_bleu=false")
     loop_module.train(tiny_config(tmp_path, "full", "train.max_steps=8", *common))
-    loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=4", *common))
+    began: list[str] = []  # the epochs encoded in the background, and those stored
+    stored: list[str] = []
+    with monkeypatch.context() as m:
+        real_next, real_save = Resampler._prepare_next, regularise.save
+
+        def slow_next(self, epoch):
+            began.append(f"epoch_{epoch}.npz")
+            time.sleep(3.0)
+            real_next(self, epoch)
+
+        m.setattr(Resampler, "_prepare_next", slow_next)
+        m.setattr(regularise, "save", lambda ids, path, made_from: (real_save(ids, path, made_from),
+                                                                     stored.append(path.name)))
+        loop_module.train(tiny_config(tmp_path, "split", "train.max_steps=4", *common))
+        assert began and set(began) <= set(stored)  # stored before the run returned
     a, b = resumed_in_a_new_process(tmp_path, monkeypatch, common)
     assert max(r["epoch"] for r in a.values()) >= 2
     assert [a[s]["loss"] for s in range(1, 9)] == [b[s]["loss"] for s in range(1, 9)]

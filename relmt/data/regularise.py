@@ -12,7 +12,9 @@ sentencepiece draws from one generator per thread, seeded when the thread first 
 encoded in a thread of its own, seeded by (seed, epoch): within one process the same epoch gives the same
 pieces. Across processes it does not (sentencepiece 0.2.3 gives other pieces for the same seed in every new
 process), so a resume cannot sample an epoch again: each epoch's pieces are stored in the run directory
-(`pieces/epoch_N.npz`) when they are made, and a resumed run, or another rank, reads them from there. An epoch's
+(`pieces/epoch_N.npz`) when they are made, and a resumed run, or another rank, reads them from there. A run ends
+only once the next epoch's pieces, made in the background, are stored (`settle`), so that a resume continues into
+that epoch on the pieces the run would have trained on. An epoch's
 file goes once a checkpoint of a later epoch is saved (`forget_before`); each file names the sampling and the data
 it was made for, and one of another run (other settings, other data) is sampled anew, never read.
 """
@@ -145,6 +147,14 @@ class Resampler:
         for old in self.store.glob("epoch_*.npz") if self.store is not None and self.sample else ():
             if int(old.stem.split("_")[1]) < epoch:
                 old.unlink(missing_ok=True)
+
+    def settle(self) -> None:
+        """Waits for the next epoch's encoding in the background, and so for its pieces to be stored: a run calls it
+        as it ends (finished or stopped by a signal), so that a resume, which continues into that epoch, reads the
+        pieces the run would have trained on instead of sampling other ones. Its error is raised by `epoch`."""
+        if self.worker is not None:
+            self.worker.join()
+            self.worker = None
 
     def epoch(self, epoch: int) -> SplitIds:
         """Epoch `epoch`'s sampled split; starts encoding the next one in the background."""

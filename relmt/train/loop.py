@@ -407,6 +407,8 @@ def train(cfg: Config) -> dict:
                 if resampler is not None and "last.pt" in names:
                     resampler.forget_before(state.epoch)
     bar.close()
+    if resampler is not None:  # the next epoch's pieces stored before the run ends, for a resume (Resampler.settle)
+        resampler.settle()
 
     # A signal during the final update still stops the run: its tests are not scored, so it is not
     # completed; a resume finds nothing left to train and scores them.
