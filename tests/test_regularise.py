@@ -107,6 +107,29 @@ def resumed_in_a_new_process(tmp_path, monkeypatch, common: tuple[str, ...]) -> 
     return train_records(tmp_path / "full"), train_records(tmp_path / "split")
 
 
+def test_settle_waits_for_the_next_epoch_and_says_where_it_was_not_stored(split, tmp_path, monkeypatch, caplog):
+    """A run ends with `settle`: the next epoch's pieces stored; an error of their encoding (a full disk) is logged
+    with what it means for a resume, not raised, and not raised later either."""
+    tok, ids = split
+    r = Resampler(ids, tok, 0.3, -1, seed=1, store=tmp_path / "pieces")
+    r.epoch(0)
+    r.settle()
+    assert r.worker is None and (tmp_path / "pieces" / "epoch_1.npz").exists()
+    real_save = regularise.save
+
+    def full_disk(ids, path, made_from):
+        if path.name == "epoch_2.npz":
+            raise OSError(28, "No space left on device")
+        real_save(ids, path, made_from)
+
+    monkeypatch.setattr(regularise, "save", full_disk)
+    r.epoch(1)
+    with caplog.at_level("WARNING"):
+        r.settle()
+    assert "the next epoch's pieces were not stored ([Errno 28] No space left on device)" in caplog.text
+    assert r.failed is None and not (tmp_path / "pieces" / "epoch_2.npz").exists()
+
+
 def test_a_resumed_run_with_sampled_pieces_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     """12 training pairs: several epochs in 8 updates, each with its own sampled pieces. The first part's next
     epoch is encoded slowly in the background, as on a busy machine: the run stores it before it returns

@@ -151,10 +151,15 @@ class Resampler:
     def settle(self) -> None:
         """Waits for the next epoch's encoding in the background, and so for its pieces to be stored: a run calls it
         as it ends (finished or stopped by a signal), so that a resume, which continues into that epoch, reads the
-        pieces the run would have trained on instead of sampling other ones. Its error is raised by `epoch`."""
+        pieces the run would have trained on instead of sampling other ones. The run's work is done by then, so an
+        error of that encoding (a full disk, say) is logged, with what it means for a resume, not raised."""
         if self.worker is not None:
             self.worker.join()
             self.worker = None
+        if self.failed is not None:
+            log.warning("subword regularisation: the next epoch's pieces were not stored (%s): a resume samples "
+                        "them anew, so it differs from an uninterrupted run from that epoch on", self.failed)
+            self.failed = None
 
     def epoch(self, epoch: int) -> SplitIds:
         """Epoch `epoch`'s sampled split; starts encoding the next one in the background."""

@@ -407,8 +407,6 @@ def train(cfg: Config) -> dict:
                 if resampler is not None and "last.pt" in names:
                     resampler.forget_before(state.epoch)
     bar.close()
-    if resampler is not None:  # the next epoch's pieces stored before the run ends, for a resume (Resampler.settle)
-        resampler.settle()
 
     # A signal during the final update still stops the run: its tests are not scored, so it is not
     # completed; a resume finds nothing left to train and scores them.
@@ -425,6 +423,8 @@ def train(cfg: Config) -> dict:
                     last, out)
     elif dist.is_main:
         metrics.update(finish.score_tests(model, corpus, cfg, ckpt_dir, out, dist.device, amp))
+    if resampler is not None:  # the next epoch's pieces stored before the run ends, for a resume (Resampler.settle)
+        resampler.settle()
     if run_log is not None:
         checkpoint.write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")  # atomic: never cut short
         run_log.close()

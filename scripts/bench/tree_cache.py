@@ -20,8 +20,8 @@ of D dimensions and --slots slots so far:
 - copy: K[order] and the new slot concatenated, then q k^T and p v as batched products;
 - copy, fused: the same copy, and the products written as sums (q * K).sum(-1) and (p * V).sum(-2), which inductor
   writes as reduction loops. This is what engine=aoti's search graph runs today: AOTInductor already lowers the
-  step's (1, D) x (D, t) products so (a search graph traced with the products and one traced with the sums
-  compiled to the same kernels and gave bit-identical steps);
+  step's (1, D) x (D, t) products so (in a one-off check, not kept as a script, a search graph traced with the
+  products and one traced with the sums compiled to the same kernels and gave bit-identical steps);
 - in place, gathered: the buffers written at slot t in place, and K[A], V[A] gathered for batched products;
 - in place, fused: in place, and the sums, so that the reduction loops read the buffers through A.
 The question of §2 is the last column: in place, fused ÷ copy, fused. Each variant's output is compared with the

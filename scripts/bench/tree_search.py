@@ -50,16 +50,17 @@ from relmt.model import cache as cache_module  # noqa: E402
 from relmt.model.cache import DecoderCache, LayerCache  # noqa: E402
 from relmt.runtime import tune_cpu  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("cache_copies", Path(__file__).with_name("cache_copies.py"))
-cache_copies = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cache_copies)
+
+def sibling(name: str):
+    """Another script of this folder, as a module (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def read_through(buffer: Tensor, table: Tensor) -> Tensor:
-    """(N, H, t, D): buffer[table[n, s], :, s] for buffer (R, H, t, D) and table (N, t)."""
-    heads = torch.arange(buffer.shape[1], device=buffer.device)[None, :, None]
-    slots = torch.arange(table.shape[1], device=buffer.device)[None, None, :]
-    return buffer[table[:, None, :], heads, slots]
+cache_copies = sibling("cache_copies")  # the step state, and the comparison of two steps
+read_through = sibling("tree_cache").gathered  # (N, H, t, D): buffer[table[n, s], :, s]
 
 
 PARTS: dict[int, tuple[Tensor, Tensor]] = {}  # id of an extended cache -> (the past read through, the new slot)
